@@ -1,0 +1,1 @@
+"""A decentralised GRPO node: learner, round loop, transports."""

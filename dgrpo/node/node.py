@@ -1,0 +1,190 @@
+"""One node's work in a round, as two halves around the network: ``produce`` and ``consume``.
+
+The data path (DEVELOPERS.md): generate -> publish -> receive -> validate -> defense chain -> reward ->
+advantages -> update. ``produce`` is the first step; the transport does publish/receive; ``consume`` does the
+rest. The daemon and the simulations call exactly these methods (through :func:`dgrpo.node.round.run_round`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dgrpo.node.config import RolloutConfig
+from dgrpo.node.grpo import group_advantages
+from dgrpo.node.learner import Learner, StepStats, TrainSample
+from dgrpo.protocol.messages import Rollout, SamplingParams
+from dgrpo.tasks.base import Prompt, Task, stable_seed
+
+
+@dataclass(frozen=True)
+class ScoredCompletion:
+    author: str
+    prompt: Prompt
+    text: str
+    reward: float
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    """What one node did in one round (a frozen snapshot, logged and aggregated by callers)."""
+
+    peer_id: str
+    round: int
+    messages: int
+    completions_received: int
+    completions_accepted: int
+    rejected: dict[str, int]
+    mean_reward: float
+    own_mean_reward: float
+    step: StepStats | None
+    produce_seconds: float
+    consume_seconds: float
+    scored: tuple[ScoredCompletion, ...] = field(repr=False, default=())
+
+
+class Node:
+    """A GRPO node: its task, learner and rollout settings. It never trusts a peer's reward or prompt."""
+
+    def __init__(
+        self,
+        peer_id: str,
+        run_id: str,
+        task: Task,
+        learner: Learner,
+        rollout: RolloutConfig,
+        sampling: SamplingParams,
+    ) -> None:
+        self.peer_id = peer_id
+        self.run_id = run_id
+        self.task = task
+        self.learner = learner
+        self.rollout = rollout
+        self.sampling = sampling
+        self._last_produce_seconds = 0.0
+
+    # ------------------------------------------------------------------ generate
+    def plan(self, round_idx: int) -> list[Prompt]:
+        """This round's prompts. Horizontal: the same global prompts on every node; vertical: the node's own
+        (paper, sec. 3). Both derive from a seed every node can compute, so no coordinator is needed."""
+        key = f"{self.run_id}/{round_idx}"
+        if self.rollout.split == "vertical":
+            key += f"/{self.peer_id}"
+        return self.task.sample_prompts(self.rollout.prompts_per_round, key)
+
+    def sampling_for(self, round_idx: int) -> SamplingParams:
+        seed = stable_seed(self.run_id, round_idx, self.peer_id, self.sampling.seed)
+        return self.sampling.model_copy(update={"seed": seed})
+
+    def produce(self, round_idx: int) -> list[Rollout]:
+        """Generate this round's completions and wrap them as rollout messages (one per prompt)."""
+        t0 = time.perf_counter()
+        prompts = self.plan(round_idx)
+        sampling = self.sampling_for(round_idx)
+        texts = self.learner.generate([p.text for p in prompts], self.rollout.completions_per_prompt, sampling)
+        rollouts = [
+            Rollout(
+                author=self.peer_id,
+                round=round_idx,
+                part=i,
+                parts=len(prompts),
+                prompt_id=p.id,
+                prompt=p.text,
+                completions=tuple(c),
+                model_id=self.learner.model_id,
+                sampling=sampling,
+                split=self.rollout.split,
+            )
+            for i, (p, c) in enumerate(zip(prompts, texts, strict=True))
+        ]
+        self._last_produce_seconds = time.perf_counter() - t0
+        return rollouts
+
+    # ------------------------------------------------------------------ validate
+    def check(self, rollout: Rollout, round_idx: int) -> tuple[Prompt | None, str | None]:
+        """A verdict on a received rollout body: (prompt, None) to accept, (None, reason) to reject."""
+        if rollout.round != round_idx:
+            return None, "wrong_round"
+        if rollout.split != self.rollout.split:
+            return None, "wrong_split"
+        if len(rollout.completions) > self.rollout.max_completions_per_message:
+            return None, "too_many_completions"
+        if any(len(c) > self.rollout.max_completion_chars for c in rollout.completions):
+            return None, "completion_too_long"
+        prompt = self.task.prompt_by_id(rollout.prompt_id)
+        if prompt is None:
+            return None, "unknown_prompt"
+        if prompt.text != rollout.prompt:
+            return None, "prompt_mismatch"
+        return prompt, None
+
+    # ------------------------------------------------------------------ learn
+    def consume(self, round_idx: int, rollouts: Sequence[Rollout]) -> RoundReport:
+        """Validate, score every completion ourselves, compute group advantages and update the model."""
+        t0 = time.perf_counter()
+        rejected: Counter[str] = Counter()
+        # A canonical order: nodes holding the same weights and receiving the same strings make the same update.
+        ordered = sorted(rollouts, key=lambda r: (r.prompt_id, r.author, r.part))
+        scored: list[ScoredCompletion] = []
+        seen: set[tuple[str, int]] = set()
+        received = 0
+        for r in ordered:
+            received += len(r.completions)
+            if (r.author, r.part) in seen:
+                rejected["duplicate_part"] += 1
+                continue
+            seen.add((r.author, r.part))
+            prompt, reason = self.check(r, round_idx)
+            if prompt is None:
+                rejected[reason or "invalid"] += 1
+                continue
+            rewards = self.task.rewards(prompt, r.completions)
+            scored.extend(
+                ScoredCompletion(r.author, prompt, text, reward)
+                for text, reward in zip(r.completions, rewards, strict=True)
+            )
+        step = self._update(scored)
+        own = [s.reward for s in scored if s.author == self.peer_id]
+        return RoundReport(
+            peer_id=self.peer_id,
+            round=round_idx,
+            messages=len(rollouts),
+            completions_received=received,
+            completions_accepted=len(scored),
+            rejected=dict(rejected),
+            mean_reward=sum(s.reward for s in scored) / len(scored) if scored else 0.0,
+            own_mean_reward=sum(own) / len(own) if own else 0.0,
+            step=step,
+            produce_seconds=self._last_produce_seconds,
+            consume_seconds=time.perf_counter() - t0,
+            scored=tuple(scored),
+        )
+
+    def _update(self, scored: Sequence[ScoredCompletion]) -> StepStats | None:
+        if not scored:
+            return None
+        cfg = self.learner.cfg
+        advantages = group_advantages(
+            [s.reward for s in scored],
+            [s.prompt.id for s in scored],
+            eps=cfg.advantage_eps,
+            scale=cfg.scale_rewards,
+        )
+        max_new = self.sampling.max_new_tokens
+        prompt_ids: dict[str, tuple[int, ...]] = {}
+        samples = []
+        for s, a in zip(scored, advantages, strict=True):
+            if s.prompt.id not in prompt_ids:
+                prompt_ids[s.prompt.id] = self.learner.encode_prompt(s.prompt.text)
+            samples.append(TrainSample(prompt_ids[s.prompt.id], self.learner.encode_completion(s.text, max_new), a))
+        return self.learner.train_step(samples, self.sampling.temperature, max_new)
+
+    # ------------------------------------------------------------------ evaluate
+    def evaluate(self, prompts: Sequence[Prompt], greedy: bool = False, seed: int = 0) -> float:
+        """Held-out accuracy: mean reward of one completion per prompt (sampled with a fixed seed)."""
+        sampling = self.sampling.model_copy(update={"seed": seed})
+        texts = self.learner.generate([p.text for p in prompts], 1, sampling, greedy=greedy)
+        rewards = [self.task.rewards(p, t)[0] for p, t in zip(prompts, texts, strict=True)]
+        return sum(rewards) / len(rewards) if rewards else 0.0

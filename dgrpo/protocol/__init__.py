@@ -1,0 +1,1 @@
+"""The wire format: strict, frozen message models."""

@@ -1,0 +1,47 @@
+"""Message bodies exchanged between nodes.
+
+Strict, frozen pydantic models (extra fields forbidden, no type coercion), as hivemind does for untrusted
+records: a peer's message is either exactly well-typed or rejected. The signed envelope around these bodies
+is specified in ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SplitMode = Literal["horizontal", "vertical"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid")
+
+
+class SamplingParams(StrictModel):
+    """How completions were sampled. ``top_k=0`` and ``top_p=1.0`` disable those filters."""
+
+    temperature: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    max_new_tokens: Annotated[int, Field(ge=1, le=65536)] = 64
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+
+
+class Rollout(StrictModel):
+    """One author's completions for one prompt in one round (the paper exchanges these as strings).
+
+    ``part``/``parts`` say how many rollout messages the author publishes this round, so a receiver knows
+    when it has everything from that author (round quorum) without a separate control message.
+    """
+
+    author: Annotated[str, Field(min_length=1, max_length=128)]
+    round: Annotated[int, Field(ge=0)]
+    part: Annotated[int, Field(ge=0)]
+    parts: Annotated[int, Field(ge=1)]
+    prompt_id: Annotated[str, Field(min_length=1, max_length=256)]
+    prompt: str
+    completions: tuple[str, ...]
+    model_id: Annotated[str, Field(max_length=256)]
+    sampling: SamplingParams
+    split: SplitMode

@@ -1,0 +1,154 @@
+"""A simulation scenario: typed, loaded from TOML, overridable with ``key=value`` pairs.
+
+Unknown keys are errors that list the valid keys of their section.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dgrpo.errors import ConfigError
+from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section
+from dgrpo.protocol.messages import SamplingParams, SplitMode
+
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+
+
+class TaskConfig(Section):
+    name: Annotated[str, Field(description="task name: arith, arith-code, gsm8k, code, humaneval")] = "arith"
+    options: Annotated[dict[str, Any], Field(description="task options, e.g. {data = 'path/to.jsonl'}")] = {}
+
+
+class NodesConfig(Section):
+    count: Annotated[int, Field(ge=1, le=64, description="number of nodes (m)")] = 4
+    mode: Annotated[
+        Literal["homogeneous", "heterogeneous"],
+        Field(description="homogeneous: one model, identical weights; heterogeneous: models[] per node"),
+    ] = "homogeneous"
+    models: Annotated[
+        list[str], Field(description="heterogeneous: model names, assigned to nodes round-robin")
+    ] = ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"]
+
+
+class RoundsConfig(Section):
+    split: Annotated[SplitMode, Field(description="the paper's horizontal or vertical split")] = "horizontal"
+    prompts_per_round: Annotated[int, Field(ge=1, description="B: prompts per round, over all nodes")] = 8
+    group_size: Annotated[int, Field(ge=1, description="G: completions per prompt, over all nodes")] = 8
+    deadline_seconds: Annotated[float, Field(gt=0, description="a round closes at quorum or this")] = 600.0
+
+
+class EvalConfig(Section):
+    every: Annotated[int, Field(ge=1, description="evaluate every k rounds (and at the start and end)")] = 5
+    prompts: Annotated[int, Field(ge=1, description="held-out prompts per evaluation")] = 128
+    greedy: Annotated[bool, Field(description="greedy decoding instead of the run's sampling")] = False
+    seed: Annotated[int, Field(ge=0, description="sampling seed of evaluations")] = 1234
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    name: Annotated[str, Field(description="scenario name")] = "default"
+    run_id: Annotated[str, Field(description="run id, part of every seed")] = "sim"
+    rounds: Annotated[int, Field(ge=1, description="GRPO rounds")] = 30
+    task: TaskConfig = TaskConfig()
+    nodes: NodesConfig = NodesConfig()
+    model: ModelConfig = ModelConfig()
+    sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=10, top_p=1.0, max_new_tokens=48)
+    learner: LearnerConfig = LearnerConfig()
+    round: RoundsConfig = RoundsConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def node_rollout(self) -> RolloutConfig:
+        """Per-node work from the global B and G (paper, sec. 3): horizontal, G/m completions of all B
+        prompts; vertical, G completions of B/m own prompts."""
+        m = self.nodes.count
+        r = self.round
+        if r.split == "horizontal":
+            if r.group_size % m:
+                raise ConfigError(f"horizontal split: group_size {r.group_size} is not divisible by {m} nodes")
+            return RolloutConfig(
+                split="horizontal", prompts_per_round=r.prompts_per_round, completions_per_prompt=r.group_size // m
+            )
+        if r.prompts_per_round % m:
+            raise ConfigError(f"vertical split: prompts_per_round {r.prompts_per_round} not divisible by {m}")
+        return RolloutConfig(
+            split="vertical", prompts_per_round=r.prompts_per_round // m, completions_per_prompt=r.group_size
+        )
+
+    def node_model(self, index: int) -> ModelConfig:
+        if self.nodes.mode == "homogeneous":
+            return self.model
+        return self.model.model_copy(update={"name": self.nodes.models[index % len(self.nodes.models)]})
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (values parsed as TOML literals, else taken as strings)."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. learner.lr=1e-4)")
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[parts[-1]] = _parse_value(value.strip())
+    return data
+
+
+def _model_fields(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
+    current: Any = model
+    for part in path[:-1]:
+        field = current.model_fields.get(str(part)) if isinstance(current, type) else None
+        annotation = getattr(field, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        current = annotation
+    return sorted(current.model_fields) if isinstance(current, type) else []
+
+
+def build_scenario(data: dict[str, Any]) -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        messages = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "extra_forbidden":
+                valid = _model_fields(Scenario, tuple(err["loc"]))
+                messages.append(f"unknown scenario key {loc!r}; valid keys here: {', '.join(valid)}")
+            else:
+                messages.append(f"{loc}: {err['msg']}")
+        raise ConfigError("invalid scenario: " + "; ".join(messages)) from None
+
+
+def load_scenario(path: Path | None = None, overrides: list[str] | None = None) -> Scenario:
+    """The scenario in ``path`` (a TOML file or the name of a shipped scenario), with overrides applied."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        if not path.exists() and (SCENARIO_DIR / f"{path}.toml").exists():
+            path = SCENARIO_DIR / f"{path}.toml"
+        if not path.exists():
+            shipped = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
+            raise ConfigError(f"scenario file {str(path)!r} not found; shipped scenarios: {', '.join(shipped)}")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"scenario {path}: invalid TOML: {exc}") from None
+    return build_scenario(apply_overrides(data, overrides or []))
