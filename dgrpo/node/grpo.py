@@ -44,10 +44,7 @@ def group_advantages(
     for idx in members.values():
         values = [float(rewards[i]) for i in idx]
         mean = sum(values) / len(values)
-        if len(values) > 1:
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-        else:
-            std = 0.0
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
         for i, v in zip(idx, values, strict=True):
             out[i] = (v - mean) / (std + eps) if scale else v - mean
     return out

@@ -84,10 +84,10 @@ class Learner:
     # ----------------------------------------------------------------- tokenisation
     def encode_prompt(self, text: str) -> tuple[int, ...]:
         if self.model_cfg.chat_template and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
+            ids: Any = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
             )
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
+            if hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             return tuple(int(i) for i in ids)
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -176,56 +176,58 @@ class Learner:
         input_ids = torch.cat([prompt_ids, comp], dim=1)
         attention = torch.cat([prompt_mask, comp_mask], dim=1)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
+        model: Any = self.model
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
         # logits at position t predict token t + 1: the completion is predicted from one step earlier.
         start = prompt_ids.shape[1]
         comp_logits = logits[:, start - 1 : -1, :]
         return token_logprobs(comp_logits, comp, temperature), comp_mask, comp_logits
 
     # ----------------------------------------------------------------- the update
-    def train_step(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> StepStats:
-        """One GRPO update on a batch (the paper: one update per generation, so on-policy).
+    def accumulate_gradients(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> float:
+        """Zero the gradients, then backpropagate the batch's GRPO loss micro-batch by micro-batch.
 
         Samples with zero advantage contribute nothing to the on-policy loss and are not run through the
-        model; they still count in the normalisers, so the update equals that of the whole batch.
+        model; they still count in the normalisers, so the gradient equals that of the whole batch.
+        Returns the batch loss.
         """
-        t0 = time.perf_counter()
         cfg = self.cfg
         num_sequences = len(samples)
         num_tokens = sum(len(s.completion_ids) for s in samples)
         active = [s for s in samples if s.advantage != 0.0 or cfg.beta != 0.0 or cfg.epsilon is not None]
-        total_loss = 0.0
+        total = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(active), cfg.micro_batch_size):
+            batch = active[start : start + cfg.micro_batch_size]
+            logp, mask, _ = self.completion_logprobs([(s.prompt_ids, s.completion_ids) for s in batch], temperature)
+            adv = torch.tensor([s.advantage for s in batch], dtype=logp.dtype, device=logp.device)
+            ref = self._reference_logprobs(batch, temperature) if cfg.beta != 0.0 else None
+            token_loss = per_token_loss(
+                logp, adv, ref_logp=ref, beta=cfg.beta, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high
+            )
+            loss = reduce_loss(token_loss, mask, cfg.loss_type, num_sequences, num_tokens, max_new_tokens)
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def train_step(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> StepStats:
+        """One GRPO update on a batch (the paper: one update per generation, so on-policy)."""
+        t0 = time.perf_counter()
         grad_norm = 0.0
         with TORCH_LOCK:
             self.model.train()
-            self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(active), cfg.micro_batch_size):
-                batch = active[start : start + cfg.micro_batch_size]
-                logp, mask, _ = self.completion_logprobs(
-                    [(s.prompt_ids, s.completion_ids) for s in batch], temperature
-                )
-                adv = torch.tensor([s.advantage for s in batch], dtype=logp.dtype, device=logp.device)
-                ref = None
-                if cfg.beta != 0.0:
-                    ref = self._reference_logprobs(batch, temperature)
-                token_loss = per_token_loss(
-                    logp, adv, ref_logp=ref, beta=cfg.beta, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high
-                )
-                loss = reduce_loss(token_loss, mask, cfg.loss_type, num_sequences, num_tokens, max_new_tokens)
-                loss.backward()  # type: ignore[no-untyped-call]
-                total_loss += float(loss.detach())
-            if active:
-                params = [p for p in self.model.parameters() if p.requires_grad]
-                if cfg.max_grad_norm is not None:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            loss = self.accumulate_gradients(samples, temperature, max_new_tokens)
+            params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+            if params:
+                if self.cfg.max_grad_norm is not None:
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
                 else:
                     grad_norm = float(
-                        torch.linalg.vector_norm(
-                            torch.stack([p.grad.norm() for p in params if p.grad is not None])
-                        )
+                        torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
                     )
                 self.optimizer.step()
-        return StepStats(total_loss, grad_norm, num_sequences, num_tokens, time.perf_counter() - t0)
+        tokens = sum(len(s.completion_ids) for s in samples)
+        return StepStats(loss, grad_norm, len(samples), tokens, time.perf_counter() - t0)
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: Sequence[TrainSample], temperature: float) -> torch.Tensor:

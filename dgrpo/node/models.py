@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from dgrpo.errors import ModelNotFoundError, UnknownNameError
 from dgrpo.node.config import ModelConfig
@@ -71,7 +71,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 @dataclass
 class LoadedModel:
-    model: PreTrainedModel
+    model: Any  # a PreTrainedModel, or a peft PeftModel wrapping one
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     source: str
@@ -87,7 +87,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
         kwargs["gguf_file"] = cfg.gguf_file
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     except OSError as exc:
         raise ModelNotFoundError(
             f"could not load model {cfg.name!r} from {source!r}: {exc}. "

@@ -106,7 +106,9 @@ async def _simulate(
             t0 = time.perf_counter()
             reports: list[RoundReport | None] = [None] * len(nodes)
 
-            async def one(i: int, sim: SimNode, round_idx: int = round_idx) -> None:
+            async def one(
+                i: int, sim: SimNode, reports: list[RoundReport | None] = reports, round_idx: int = round_idx
+            ) -> None:
                 reports[i] = await run_round(
                     sim.node,
                     sim.transport,

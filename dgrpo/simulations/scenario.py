@@ -21,7 +21,7 @@ SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
 class TaskConfig(Section):
     name: Annotated[str, Field(description="task name: arith, arith-code, gsm8k, code, humaneval")] = "arith"
-    options: Annotated[dict[str, Any], Field(description="task options, e.g. {data = 'path/to.jsonl'}")] = {}
+    options: dict[str, Any] = Field(default_factory=dict, description="task options, e.g. {data = 'path/to.jsonl'}")
 
 
 class NodesConfig(Section):
@@ -30,9 +30,10 @@ class NodesConfig(Section):
         Literal["homogeneous", "heterogeneous"],
         Field(description="homogeneous: one model, identical weights; heterogeneous: models[] per node"),
     ] = "homogeneous"
-    models: Annotated[
-        list[str], Field(description="heterogeneous: model names, assigned to nodes round-robin")
-    ] = ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"]
+    models: list[str] = Field(
+        default_factory=lambda: ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"],
+        description="heterogeneous: model names, assigned to nodes round-robin",
+    )
 
 
 class RoundsConfig(Section):
@@ -72,7 +73,9 @@ class Scenario(BaseModel):
             if r.group_size % m:
                 raise ConfigError(f"horizontal split: group_size {r.group_size} is not divisible by {m} nodes")
             return RolloutConfig(
-                split="horizontal", prompts_per_round=r.prompts_per_round, completions_per_prompt=r.group_size // m
+                split="horizontal",
+                prompts_per_round=r.prompts_per_round,
+                completions_per_prompt=r.group_size // m,
             )
         if r.prompts_per_round % m:
             raise ConfigError(f"vertical split: prompts_per_round {r.prompts_per_round} not divisible by {m}")
@@ -113,14 +116,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _model_fields(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
-    current: Any = model
+    """The valid keys of the section at ``path`` (the last element is the offending key)."""
+    current: type[BaseModel] = model
     for part in path[:-1]:
-        field = current.model_fields.get(str(part)) if isinstance(current, type) else None
+        field = current.model_fields.get(str(part))
         annotation = getattr(field, "annotation", None)
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         current = annotation
-    return sorted(current.model_fields) if isinstance(current, type) else []
+    return sorted(current.model_fields)
 
 
 def build_scenario(data: dict[str, Any]) -> Scenario:

@@ -1,0 +1,7 @@
+"""Prompts and verifiable rewards. Importing this package registers the built-in tasks."""
+
+from dgrpo.tasks import arith as arith
+from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.tasks.registry import TASKS, get_task
+
+__all__ = ["TASKS", "Prompt", "Task", "get_task", "stable_seed"]

@@ -1,0 +1,94 @@
+"""``arith``: 2-3 digit addition with a digit-by-digit scratchpad, sized for the embedded tiny model.
+
+Format (see shared notes, models-and-data): prompt ``345+78=``, completion ``5+8+0=13,4+7+1=12,3+0+1=4>423``.
+Each step is ``a+b+carry=s`` for one column, least significant first; ``>`` introduces the final answer.
+The reward checks the format and the final answer only, not the steps: like the paper's math reward, it
+cannot see a false intermediate step (that is exactly the gap the in-context MATH attack uses).
+"""
+
+from __future__ import annotations
+
+import re
+
+from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.tasks.registry import TASKS
+
+STEP = r"\d\+\d\+\d=\d{1,2}"
+COMPLETION_RE = re.compile(rf"^(?:{STEP},)*{STEP}>(\d{{1,5}})$")
+LOW, HIGH = 10, 999  # operands have 2 or 3 digits
+SPAN = HIGH - LOW + 1
+EVAL_MODULUS = 10  # pairs with stable_seed(pair) % 10 == 0 are held out for evaluation
+
+
+def scratchpad(a: int, b: int) -> str:
+    """The correct completion for ``a+b=``."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    steps, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        x = int(da[i]) if i < len(da) else 0
+        y = int(db[i]) if i < len(db) else 0
+        s = x + y + carry
+        steps.append(f"{x}+{y}+{carry}={s}")
+        carry = s // 10
+    return ",".join(steps) + f">{a + b}"
+
+
+def is_held_out(a: int, b: int) -> bool:
+    return stable_seed("arith", a, b) % EVAL_MODULUS == 0
+
+
+def make_prompt(a: int, b: int) -> Prompt:
+    return Prompt(id=f"arith/{a}+{b}", text=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b})
+
+
+@TASKS.register("arith")
+class ArithTask(Task):
+    """Synthetic addition. Training pairs and held-out pairs are disjoint by a stable hash of the pair."""
+
+    name = "arith"
+
+    def __init__(self) -> None:
+        self._train: list[tuple[int, int]] | None = None
+
+    def _train_pairs(self) -> list[tuple[int, int]]:
+        if self._train is None:
+            self._train = [(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1) if not is_held_out(a, b)]
+        return self._train
+
+    @property
+    def num_train(self) -> int:
+        return len(self._train_pairs())
+
+    def train_prompt(self, index: int) -> Prompt:
+        return make_prompt(*self._train_pairs()[index])
+
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        out: list[Prompt] = []
+        i = 0
+        while len(out) < n:
+            # A fixed pseudo-random walk over all pairs, keeping held-out ones: same list on every call.
+            k = stable_seed("arith-eval", i) % (SPAN * SPAN)
+            a, b = LOW + k // SPAN, LOW + k % SPAN
+            if is_held_out(a, b) and all(p.meta["a"] != a or p.meta["b"] != b for p in out):
+                out.append(make_prompt(a, b))
+            i += 1
+        return out
+
+    def prompt_by_id(self, prompt_id: str) -> Prompt | None:
+        m = re.fullmatch(r"arith/(\d{2,3})\+(\d{2,3})", prompt_id)
+        if m is None:
+            return None
+        a, b = int(m.group(1)), int(m.group(2))
+        if not (LOW <= a <= HIGH and LOW <= b <= HIGH) or is_held_out(a, b):
+            return None
+        return make_prompt(a, b)
+
+    def parse_answer(self, completion: str) -> str | None:
+        m = COMPLETION_RE.match(completion.strip())
+        return m.group(1) if m else None
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        try:
+            return 1.0 if self.parse_answer(completion) == prompt.answer else 0.0
+        except Exception:  # a reward never raises (hostile input gets a verdict)
+            return 0.0

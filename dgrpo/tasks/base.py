@@ -1,0 +1,83 @@
+"""The Task interface: prompts, held-out evaluation prompts, a reward and an answer parser.
+
+A reward follows TRL's convention of a plain function of the completion, here bound to a prompt. It must
+never raise on a malformed completion: hostile or broken output earns 0.0 (the paper's rewards are binary).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One question. ``id`` is stable across machines so peers can refer to the same prompt."""
+
+    id: str
+    text: str
+    answer: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Task(ABC):
+    """A verifiable-reward task. Subclasses register themselves with :data:`dgrpo.tasks.TASKS`."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def train_prompt(self, index: int) -> Prompt:
+        """The ``index``-th training prompt; deterministic for a given task configuration."""
+
+    @property
+    @abstractmethod
+    def num_train(self) -> int:
+        """How many distinct training prompts exist."""
+
+    @abstractmethod
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        """``n`` held-out prompts (never among the training prompts), the same on every call."""
+
+    @abstractmethod
+    def parse_answer(self, completion: str) -> str | None:
+        """The final answer a completion states, or None when it is malformed."""
+
+    @abstractmethod
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """The verifiable reward in [0, 1]. Never raises."""
+
+    def prompt_by_id(self, prompt_id: str) -> Prompt | None:
+        """The training prompt with this id, or None. Receivers rebuild prompts from ids: a peer's copy of
+        the question and, above all, of the answer is never trusted.
+
+        The default indexes every training prompt once; tasks with very many prompts override it.
+        """
+        if self._index is None:
+            self._index = {p.id: p for p in (self.train_prompt(i) for i in range(self.num_train))}
+        return self._index.get(prompt_id)
+
+    _index: dict[str, Prompt] | None = None
+
+    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        """Rewards of several completions of one prompt (tasks with expensive rewards batch this)."""
+        return [self.reward(prompt, c) for c in completions]
+
+    def sample_prompts(self, n: int, seed_key: str) -> list[Prompt]:
+        """``n`` distinct training prompts chosen by a seed derived from ``seed_key``.
+
+        Every node derives the same choice from the same key (e.g. run id and round for the paper's
+        horizontal split, plus the author for the vertical split), so no coordinator is needed.
+        """
+        rng = random.Random(stable_seed(seed_key))
+        count = min(n, self.num_train)
+        return [self.train_prompt(i) for i in rng.sample(range(self.num_train), count)]
+
+
+def stable_seed(*parts: object) -> int:
+    """A 63-bit seed from the parts' text, identical across processes (unlike ``hash``)."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
