@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from dgrpo.errors import ModelNotFoundError, UnknownNameError
 from dgrpo.node.config import ModelConfig
@@ -43,6 +44,8 @@ def resolve_model(name: str) -> str:
     if path.exists():
         if not path.is_dir():
             raise ModelNotFoundError(f"model path {name!r} is a file; give the folder that holds config.json")
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model folder {name!r} has no config.json")
         return str(path)
     if _looks_like_path(name):
         raise ModelNotFoundError(f"model path {name!r} does not exist")
@@ -80,6 +83,7 @@ class LoadedModel:
 def load_model(cfg: ModelConfig) -> LoadedModel:
     """Load model and tokenizer for ``cfg`` onto its device; LoRA adapters are added when configured."""
     source = resolve_model(cfg.name)
+    hf_logging.disable_progress_bar()  # a per-node "Loading weights" bar drowns the round log
     device = pick_device(cfg.device)
     dtype = pick_dtype(cfg.dtype, device)
     kwargs: dict[str, Any] = {}
@@ -88,7 +92,7 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise ModelNotFoundError(
             f"could not load model {cfg.name!r} from {source!r}: {exc}. "
             "Hub ids need network access; offline, give a local folder or an embedded name "

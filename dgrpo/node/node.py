@@ -34,6 +34,7 @@ class RoundReport:
     peer_id: str
     round: int
     messages: int
+    completions_published: int
     completions_received: int
     completions_accepted: int
     rejected: dict[str, int]
@@ -151,6 +152,7 @@ class Node:
             peer_id=self.peer_id,
             round=round_idx,
             messages=len(rollouts),
+            completions_published=sum(len(r.completions) for r in rollouts if r.author == self.peer_id),
             completions_received=received,
             completions_accepted=len(scored),
             rejected=dict(rejected),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import trio
 
 from dgrpo.node.inbox import RoundInbox
@@ -85,7 +86,7 @@ def _round_row(round_idx: int, reports: list[RoundReport], honest: list[bool], s
         "round": round_idx,
         "honest_mean_reward": sum(r.mean_reward for r in honest_reports) / max(len(honest_reports), 1),
         "honest_own_reward": sum(r.own_mean_reward for r in honest_reports) / max(len(honest_reports), 1),
-        "completions_exchanged": sum(r.completions_received for r in reports),
+        "completions_exchanged": sum(r.completions_published for r in reports),
         "completions_accepted": sum(r.completions_accepted for r in reports),
         "rejected": rejected,
         "loss": sum(losses) / len(losses) if losses else None,
@@ -139,6 +140,8 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
     """Run ``scenario`` and write its results to ``out_dir``; returns the summary."""
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
+    if scenario.torch_threads:
+        torch.set_num_threads(scenario.torch_threads)
     nodes = build_nodes(scenario)
     prompts = nodes[0].node.task.eval_prompts(scenario.eval.prompts)
     rows, accuracy = trio.run(_simulate, scenario, nodes, Evaluator(scenario, prompts), on_round)

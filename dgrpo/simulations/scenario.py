@@ -56,6 +56,14 @@ class Scenario(BaseModel):
     name: Annotated[str, Field(description="scenario name")] = "default"
     run_id: Annotated[str, Field(description="run id, part of every seed")] = "sim"
     rounds: Annotated[int, Field(ge=1, description="GRPO rounds")] = 30
+    torch_threads: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="torch intra-op threads; 0 keeps torch's default. Small models run fastest on one thread "
+            "(on a busy 2-core machine, 2 threads made generation ~50x slower through OpenMP contention)",
+        ),
+    ] = 1
     task: TaskConfig = TaskConfig()
     nodes: NodesConfig = NodesConfig()
     model: ModelConfig = ModelConfig()

@@ -1,0 +1,95 @@
+"""The learner: seeded sampling, the EOS rule, micro-batching, LoRA, device and dtype choice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgrpo.node.config import LearnerConfig, LoraConfig, ModelConfig
+from dgrpo.node.learner import Learner, TrainSample
+from dgrpo.node.models import pick_device, pick_dtype
+from dgrpo.protocol.messages import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def learner(random_model_dir: Path) -> Learner:
+    return Learner(ModelConfig(name=str(random_model_dir)), LearnerConfig())
+
+
+def test_sampling_is_seeded(learner: Learner) -> None:
+    sp = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=12, seed=7)
+    a = learner.generate(["12+34=", "5+6="], 3, sp)
+    b = learner.generate(["12+34=", "5+6="], 3, sp)
+    c = learner.generate(["12+34=", "5+6="], 3, sp.model_copy(update={"seed": 8}))
+    assert a == b
+    assert a != c
+    assert [len(x) for x in a] == [3, 3]
+
+
+def test_top_k_one_is_greedy(learner: Learner) -> None:
+    sp = SamplingParams(temperature=1.0, top_k=1, max_new_tokens=10, seed=3)
+    greedy = learner.generate(["12+34="], 1, sp, greedy=True)
+    assert learner.generate(["12+34="], 2, sp) == [greedy[0] * 2]
+
+
+def test_completion_eos_rule(learner: Learner) -> None:
+    eos = learner.eos_ids[0]
+    short = learner.encode_completion("ab", max_new_tokens=5)
+    assert short[-1] == eos and len(short) == 3  # stopped early: it ended with EOS
+    full = learner.encode_completion("abcde", max_new_tokens=5)
+    assert eos not in full and len(full) == 5  # hit the limit: truncated, no EOS
+    assert len(learner.encode_completion("x" * 50, max_new_tokens=5)) == 5
+
+
+def test_micro_batch_size_does_not_change_the_gradient(random_model_dir: Path) -> None:
+    samples = [
+        TrainSample((5, 6, 7), (20, 21, 2), 1.0),
+        TrainSample((8,), (30, 31, 32, 33), -1.0),
+        TrainSample((9, 10), (40, 2), 0.5),
+    ]
+    grads = []
+    for mb in (1, 3):
+        lrn = Learner(ModelConfig(name=str(random_model_dir)), LearnerConfig(micro_batch_size=mb, loss_type="grpo"))
+        lrn.accumulate_gradients(samples, 1.0, 4)
+        grads.append(torch.cat([p.grad.flatten() for p in lrn.model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+    assert float(grads[0].abs().sum()) > 0
+
+
+def test_train_step_updates_weights_and_zero_advantages_do_nothing(random_model_dir: Path) -> None:
+    lrn = Learner(ModelConfig(name=str(random_model_dir)), LearnerConfig(lr=1e-2))
+    before = lrn.weights_digest()
+    stats = lrn.train_step([TrainSample((5,), (6, 2), 0.0)], 1.0, 4)
+    assert lrn.weights_digest() == before and stats.grad_norm == 0.0
+    stats = lrn.train_step([TrainSample((5,), (6, 2), 1.0), TrainSample((5,), (7, 2), -1.0)], 1.0, 4)
+    assert lrn.weights_digest() != before
+    assert stats.grad_norm > 0 and stats.tokens == 4 and stats.sequences == 2
+
+
+def test_lora_trains_only_adapters_and_kl_uses_the_base_model(random_model_dir: Path) -> None:
+    cfg = ModelConfig(name=str(random_model_dir), lora=LoraConfig(r=4, alpha=8))
+    lrn = Learner(cfg, LearnerConfig(lr=1e-2, beta=0.1))
+    base = {n: p.detach().clone() for n, p in lrn.model.named_parameters() if not p.requires_grad}
+    trainable = [n for n, p in lrn.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora" in n for n in trainable)
+    for _ in range(2):
+        lrn.train_step([TrainSample((5,), (6, 2), 1.0), TrainSample((5,), (7, 2), -1.0)], 1.0, 4)
+    for n, p in lrn.model.named_parameters():
+        if n in base:
+            assert torch.equal(p, base[n]), n
+
+
+def test_beta_without_lora_is_refused(random_model_dir: Path) -> None:
+    lrn = Learner(ModelConfig(name=str(random_model_dir)), LearnerConfig(beta=0.1))
+    with pytest.raises(ValueError, match="LoRA"):
+        lrn.accumulate_gradients([TrainSample((5,), (6, 2), 1.0)], 1.0, 4)
+
+
+def test_device_and_dtype_choice() -> None:
+    assert pick_device("cpu").type == "cpu"
+    auto = pick_device("auto")
+    assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_dtype("auto", torch.device("cpu")) == torch.float32  # never bf16 on the CPU
+    assert pick_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
