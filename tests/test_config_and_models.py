@@ -28,7 +28,7 @@ def test_scenario_overrides_and_toml(tmp_path: Path) -> None:
 
 
 def test_bad_values_and_missing_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="learner.loss_type"):
+    with pytest.raises(ConfigError, match=r"learner\.loss_type"):
         load_scenario(None, ["learner.loss_type=ppo"])
     with pytest.raises(ConfigError, match="not found"):
         load_scenario(tmp_path / "nope.toml")
@@ -57,7 +57,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
         resolve_model("./models/missing")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ModelNotFoundError, match="no config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"no config\.json"):
         load_model(ModelConfig(name=str(empty)))
     (empty / "config.json").write_text("{}")
     with pytest.raises(ModelNotFoundError, match="could not load"):
