@@ -14,7 +14,7 @@ from dgrpo.tasks.base import Prompt, Task, stable_seed
 from dgrpo.tasks.registry import TASKS
 
 STEP = r"\d\+\d\+\d=\d{1,2}"
-COMPLETION_RE = re.compile(rf"^(?:{STEP},)*{STEP}>(\d{{1,5}})$")
+COMPLETION_RE = re.compile(rf"^(?:{STEP},)*{STEP}>(\d{{1,5}})$", re.ASCII)
 LOW, HIGH = 10, 999  # operands have 2 or 3 digits
 SPAN = HIGH - LOW + 1
 EVAL_MODULUS = 10  # pairs with stable_seed(pair) % 10 == 0 are held out for evaluation
@@ -75,7 +75,7 @@ class ArithTask(Task):
         return out
 
     def prompt_by_id(self, prompt_id: str) -> Prompt | None:
-        m = re.fullmatch(r"arith/(\d{2,3})\+(\d{2,3})", prompt_id)
+        m = re.fullmatch(r"arith/(\d{2,3})\+(\d{2,3})", prompt_id, re.ASCII)
         if m is None:
             return None
         a, b = int(m.group(1)), int(m.group(2))

