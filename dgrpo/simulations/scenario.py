@@ -55,7 +55,7 @@ class Scenario(BaseModel):
 
     name: Annotated[str, Field(description="scenario name")] = "default"
     run_id: Annotated[str, Field(description="run id, part of every seed")] = "sim"
-    rounds: Annotated[int, Field(ge=1, description="GRPO rounds")] = 30
+    rounds: Annotated[int, Field(ge=1, description="GRPO rounds")] = 50
     torch_threads: Annotated[
         int,
         Field(
