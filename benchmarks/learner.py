@@ -21,20 +21,26 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from dgrpo.node.config import LearnerConfig, ModelConfig
+from dgrpo.node.grpo import group_advantages
 from dgrpo.node.learner import Learner, TrainSample
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks import get_task
 
 
-def make_batch(learner: Learner, n: int, max_new: int) -> list[TrainSample]:
+def make_batch(learner: Learner, n: int, max_new: int, real_advantages: bool) -> list[TrainSample]:
+    """``n`` completions of the model itself for ``n/8`` arith prompts (groups of 8). With real advantages,
+    groups whose completions all earn the same reward have advantage 0, as in a real round."""
     task = get_task("arith")
-    prompts = task.sample_prompts(n // 4, "bench")
-    texts = learner.generate([p.text for p in prompts], 4, SamplingParams(top_k=10, max_new_tokens=max_new, seed=1))
+    prompts = task.sample_prompts(n // 8, "bench")
+    texts = learner.generate([p.text for p in prompts], 8, SamplingParams(top_k=10, max_new_tokens=max_new, seed=1))
     rng = random.Random(0)
+    rewards = [task.reward(p, t) for p, group in zip(prompts, texts, strict=True) for t in group]
+    groups = [p.id for p in prompts for _ in range(8)]
+    advantages = group_advantages(rewards, groups) if real_advantages else [rng.choice([-1.0, 1.0]) for _ in rewards]
+    pairs = [(p, t) for p, group in zip(prompts, texts, strict=True) for t in group]
     return [
-        TrainSample(learner.encode_prompt(p.text), learner.encode_completion(t, max_new), rng.choice([-1.0, 1.0]))
-        for p, group in zip(prompts, texts, strict=True)
-        for t in group
+        TrainSample(learner.encode_prompt(p.text), learner.encode_completion(t, max_new), a)
+        for (p, t), a in zip(pairs, advantages, strict=True)
     ]
 
 
@@ -60,16 +66,28 @@ def main() -> None:
     ap.add_argument("--model", default="dgrpo:tiny-arith")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--loss-type", default="dapo", choices=["grpo", "dr_grpo", "dapo"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    cfg = LearnerConfig(loss_type=args.loss_type, micro_batch_size=args.batch, max_grad_norm=1.0)
+    cfg = LearnerConfig(loss_type=args.loss_type, micro_batch_size=32, max_grad_norm=1.0)
     ours = Learner(ModelConfig(name=args.model), cfg)
     theirs = Learner(ModelConfig(name=args.model), cfg)  # an identical, separate copy for TRL
-    samples = make_batch(ours, args.batch, args.max_new_tokens)
+    for real in (False, True):
+        samples = make_batch(ours, args.batch, args.max_new_tokens, real)
+        label = (
+            f"real round batch ({sum(s.advantage == 0 for s in samples)} of {len(samples)} advantages are 0)"
+            if real
+            else "every advantage non-zero"
+        )
+        compare(ours, theirs, samples, args, cfg, label)
+
+
+def compare(
+    ours: Learner, theirs: Learner, samples: list[TrainSample], args: argparse.Namespace, cfg: LearnerConfig, label: str
+) -> None:
     tokens = sum(len(s.completion_ids) for s in samples)
 
     trainer = GRPOTrainer(
@@ -115,7 +133,7 @@ def main() -> None:
             timings[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v[1:]) for k, v in timings.items()}
     tps = {k: tokens / v for k, v in med.items()}
-    print(f"model {args.model}, batch {args.batch} sequences, {tokens} completion tokens, loss {args.loss_type}")
+    print(f"{label}: model {args.model}, {len(samples)} sequences, {tokens} completion tokens, loss {args.loss_type}")
     for k in ("dgrpo", "trl"):
         print(f"  {k:6s} median step {med[k] * 1000:8.1f} ms   {tps[k]:10.0f} tokens/s")
     print(f"ratio dgrpo/trl tokens per second: {tps['dgrpo'] / tps['trl']:.2f}  (target >= 1.0)")
