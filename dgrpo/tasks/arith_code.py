@@ -10,10 +10,9 @@ its stdout with the expected answer; any program that prints the right number ea
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 
-from dgrpo.tasks.base import Prompt, Task, stable_seed
-from dgrpo.tasks.code import extract_program, output_matches
+from dgrpo.tasks.base import Prompt, stable_seed
+from dgrpo.tasks.code import ProgramOutputTask
 from dgrpo.tasks.registry import TASKS
 from dgrpo.tasks.sandbox import Sandbox, SandboxLimits
 
@@ -49,7 +48,7 @@ def reference_program(prompt: Prompt) -> str:
 
 
 @TASKS.register("arith-code")
-class ArithCodeTask(Task):
+class ArithCodeTask(ProgramOutputTask):
     """Sums of two 2-3 digit numbers (91%) and products of a 1-3 digit by a 1-2 digit number (9%), as Python."""
 
     name = "arith-code"
@@ -80,26 +79,3 @@ class ArithCodeTask(Task):
         if not (alo <= a <= ahi and blo <= b <= bhi) or is_held_out(op, a, b):
             return None
         return make_prompt(op, a, b)
-
-    def parse_answer(self, completion: str) -> str | None:
-        program = extract_program(completion)
-        if program is None:
-            return None
-        result = self.sandbox.run(program)
-        return result.stdout.strip() if result.ok else None
-
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return self.rewards(prompt, [completion])[0]
-
-    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
-        programs = [extract_program(c) for c in completions]
-        runnable = [p for p in programs if p is not None]
-        results = iter(self.sandbox.run_many(runnable))
-        out: list[float] = []
-        for program in programs:
-            if program is None:
-                out.append(0.0)
-                continue
-            result = next(results)
-            out.append(1.0 if result.ok and output_matches(result.stdout, prompt.answer) else 0.0)
-        return out

@@ -7,11 +7,15 @@ never raise on a malformed completion: hostile or broken output earns 0.0 (the p
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
+
+from dgrpo.errors import DataNotFoundError
 
 
 @dataclass(frozen=True)
@@ -81,3 +85,44 @@ def stable_seed(*parts: object) -> int:
     """A 63-bit seed from the parts' text, identical across processes (unlike ``hash``)."""
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+class PromptListTask(Task, ABC):
+    """A task whose prompts are held in two lists (loaded data): ``_train`` and ``_held_out``."""
+
+    _train: list[Prompt]
+    _held_out: list[Prompt]
+
+    @property
+    def num_train(self) -> int:
+        return len(self._train)
+
+    def train_prompt(self, index: int) -> Prompt:
+        return self._train[index]
+
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        return self._held_out[:n]
+
+
+def read_jsonl(path: Path, what: str, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file (blank lines skipped); each must hold the ``required`` string fields.
+
+    A missing or malformed file is a :class:`DataNotFoundError` naming the file and line.
+    """
+    if not path.is_file():
+        raise DataNotFoundError(f"{what} data file not found: {path}")
+    rows: list[dict[str, Any]] = []
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError(f"line {number} is not a JSON object")
+                if not all(isinstance(row.get(k), str) for k in required):
+                    raise ValueError(f"line {number} needs {' and '.join(repr(k) for k in required)} strings")
+                rows.append(row)
+    except (OSError, ValueError) as exc:
+        raise DataNotFoundError(f"cannot read {what} data {path}: {exc}") from exc
+    return rows

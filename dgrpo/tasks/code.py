@@ -18,13 +18,13 @@ import ast
 import gzip
 import json
 import re
+from abc import ABC
 from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
 
 from dgrpo.errors import DataNotFoundError
-from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.tasks.base import Prompt, PromptListTask, Task, read_jsonl, stable_seed
 from dgrpo.tasks.registry import TASKS
 from dgrpo.tasks.sandbox import Sandbox, SandboxLimits, SandboxResult
 
@@ -117,26 +117,31 @@ def run_scored(
     return scores
 
 
-def _read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise DataNotFoundError(f"{what} data file not found: {path}")
-    rows: list[dict[str, Any]] = []
-    try:
-        with path.open(encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"line {number} is not a JSON object")
-                rows.append(row)
-    except (OSError, ValueError) as exc:
-        raise DataNotFoundError(f"cannot read {what} data {path}: {exc}") from exc
-    return rows
+class ProgramOutputTask(Task, ABC):
+    """The paper's code reward: the completion is a program that must print the prompt's answer."""
+
+    sandbox: Sandbox
+
+    def parse_answer(self, completion: str) -> str | None:
+        program = extract_program(completion)
+        if program is None:
+            return None
+        result = self.sandbox.run(program)
+        return result.stdout.strip() if result.ok else None
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return self.rewards(prompt, [completion])[0]
+
+    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        try:
+            programs = [extract_program(c) for c in completions]
+            return run_scored(self.sandbox, programs, lambda r: output_matches(r.stdout, prompt.answer))
+        except Exception:  # a reward never raises (hostile input gets a verdict)
+            return [0.0] * len(completions)
 
 
 @TASKS.register("code")
-class CodeTask(Task):
+class CodeTask(ProgramOutputTask, PromptListTask):
     """Questions answered by a Python program; the printed output must equal the answer.
 
     Data: a JSONL file (``data`` option), one object per line with ``question``, ``answer`` (the expected
@@ -155,7 +160,7 @@ class CodeTask(Task):
         self.sandbox = sandbox or Sandbox(limits or SandboxLimits())
         self._train: list[Prompt] = []
         self._held_out: list[Prompt] = []
-        for number, row in enumerate(_read_jsonl(path, "code task"), 1):
+        for number, row in enumerate(read_jsonl(path, "code task"), 1):
             question, answer = row.get("question"), row.get("answer")
             if not isinstance(question, str) or answer is None:
                 raise DataNotFoundError(f"{path}: row {number} needs a 'question' string and an 'answer'")
@@ -173,33 +178,6 @@ class CodeTask(Task):
                 else stable_seed("code", key) % CODE_EVAL_MODULUS == 0
             )
             (self._held_out if held_out else self._train).append(prompt)
-
-    @property
-    def num_train(self) -> int:
-        return len(self._train)
-
-    def train_prompt(self, index: int) -> Prompt:
-        return self._train[index]
-
-    def eval_prompts(self, n: int) -> list[Prompt]:
-        return self._held_out[:n]
-
-    def parse_answer(self, completion: str) -> str | None:
-        program = extract_program(completion)
-        if program is None:
-            return None
-        result = self.sandbox.run(program)
-        return result.stdout.strip() if result.ok else None
-
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return self.rewards(prompt, [completion])[0]
-
-    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
-        try:
-            programs = [extract_program(c) for c in completions]
-            return run_scored(self.sandbox, programs, lambda r: output_matches(r.stdout, prompt.answer))
-        except Exception:  # a reward never raises (hostile input gets a verdict)
-            return [0.0] * len(completions)
 
 
 def humaneval_rows() -> list[dict[str, str]]:
@@ -234,7 +212,7 @@ def humaneval_program(prompt: Prompt, completion: str) -> str | None:
 
 
 @TASKS.register("humaneval")
-class HumanEvalTask(Task):
+class HumanEvalTask(PromptListTask):
     """HumanEval: complete a function from its signature and docstring; the reward runs its unit tests."""
 
     name = "humaneval"
@@ -251,16 +229,6 @@ class HumanEvalTask(Task):
                 meta={"entry_point": row["entry_point"], "test": row["test"], "task_id": row["task_id"]},
             )
             (self._held_out if index % HUMANEVAL_EVAL_EVERY == 0 else self._train).append(prompt)
-
-    @property
-    def num_train(self) -> int:
-        return len(self._train)
-
-    def train_prompt(self, index: int) -> Prompt:
-        return self._train[index]
-
-    def eval_prompts(self, n: int) -> list[Prompt]:
-        return self._held_out[:n]
 
     def parse_answer(self, completion: str) -> str | None:
         """The code the completion contributes (a function body or a whole definition), or None."""

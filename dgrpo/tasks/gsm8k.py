@@ -18,14 +18,13 @@ or the hub dataset ``openai/gsm8k`` through the ``datasets`` package.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from dgrpo.errors import DataNotFoundError
-from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.tasks.base import Prompt, Task, read_jsonl, stable_seed
 from dgrpo.tasks.registry import TASKS
 
 ENV_VAR = "DGRPO_GSM8K"
@@ -113,19 +112,9 @@ def answers_match(answer: str, gold: str) -> bool:
 
 
 def _read_rows(path: Path) -> list[dict[str, str]]:
-    rows: list[dict[str, str]] = []
-    try:
-        with path.open(encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "answer")):
-                    raise ValueError(f"line {number} needs 'question' and 'answer' strings")
-                rows.append({"question": row["question"], "answer": row["answer"]})
-    except (OSError, ValueError) as exc:
-        raise DataNotFoundError(f"cannot read GSM8K data {path}: {exc}") from exc
-    return rows
+    return [
+        {"question": r["question"], "answer": r["answer"]} for r in read_jsonl(path, "GSM8K", ("question", "answer"))
+    ]
 
 
 def _load_local(path: Path) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
