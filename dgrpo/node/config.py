@@ -6,7 +6,7 @@ one that lists the valid keys.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,3 +70,8 @@ class RolloutConfig(Section):
     completions_per_prompt: Annotated[int, Field(ge=1, description="completions per prompt per node")] = 2
     max_completions_per_message: Annotated[int, Field(ge=1, description="limit on received rollouts")] = 64
     max_completion_chars: Annotated[int, Field(ge=1, description="limit on a received completion")] = 16384
+
+
+class TaskConfig(Section):
+    name: Annotated[str, Field(description="task name: arith, arith-code, gsm8k, code, humaneval")] = "arith"
+    options: dict[str, Any] = Field(default_factory=dict, description="task options, e.g. {data = 'path/to.jsonl'}")

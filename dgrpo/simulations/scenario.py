@@ -5,7 +5,6 @@ Unknown keys are errors that list the valid keys of their section.
 
 from __future__ import annotations
 
-import json
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -13,15 +12,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dgrpo.errors import ConfigError
-from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section
+from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig
+from dgrpo.overrides import apply_overrides, explain_validation_error
 from dgrpo.protocol.messages import SamplingParams, SplitMode
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
-
-
-class TaskConfig(Section):
-    name: Annotated[str, Field(description="task name: arith, arith-code, gsm8k, code, humaneval")] = "arith"
-    options: dict[str, Any] = Field(default_factory=dict, description="task options, e.g. {data = 'path/to.jsonl'}")
 
 
 class NodesConfig(Section):
@@ -97,57 +92,11 @@ class Scenario(BaseModel):
         return self.model.model_copy(update={"name": self.nodes.models[index % len(self.nodes.models)]})
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (values parsed as TOML literals, else taken as strings)."""
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. learner.lr=1e-4)")
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
-        node[parts[-1]] = _parse_value(value.strip())
-    return data
-
-
-def _model_fields(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
-    """The valid keys of the section at ``path`` (the last element is the offending key)."""
-    current: type[BaseModel] = model
-    for part in path[:-1]:
-        field = current.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        current = annotation
-    return sorted(current.model_fields)
-
-
 def build_scenario(data: dict[str, Any]) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        messages = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            if err["type"] == "extra_forbidden":
-                valid = _model_fields(Scenario, tuple(err["loc"]))
-                messages.append(f"unknown scenario key {loc!r}; valid keys here: {', '.join(valid)}")
-            else:
-                messages.append(f"{loc}: {err['msg']}")
-        raise ConfigError("invalid scenario: " + "; ".join(messages)) from None
+        raise explain_validation_error(exc, Scenario, "scenario") from None
 
 
 def load_scenario(path: Path | None = None, overrides: list[str] | None = None) -> Scenario:

@@ -1,0 +1,100 @@
+"""The node's local HTTP status endpoint (``/status`` JSON, ``/metrics`` Prometheus text, ``/healthz``).
+
+It runs in a daemon thread with the standard library's HTTP server, apart from the trio loop, so a slow
+scraper never stalls the network; it only reads a snapshot the node publishes after each change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+
+log = logging.getLogger(__name__)
+
+
+class NodeMetrics:
+    """Prometheus metrics of one node, on their own registry (several nodes may share a process in tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.round = Gauge("dgrpo_round", "last completed round", registry=r)
+        self.peers = Gauge("dgrpo_peers", "peers currently connected", registry=r)
+        self.active_peers = Gauge("dgrpo_active_peers", "peers heard from recently", registry=r)
+        self.mean_reward = Gauge(
+            "dgrpo_mean_reward", "mean reward of the completions trained on last round", registry=r
+        )
+        self.accepted = Counter("dgrpo_messages_accepted", "messages accepted", registry=r)
+        self.rejected = Counter("dgrpo_messages_rejected", "messages rejected", ["reason"], registry=r)
+        self.completions = Counter("dgrpo_completions_trained", "completions trained on", registry=r)
+        self.round_seconds = Gauge("dgrpo_round_seconds", "wall time of the last round", registry=r)
+        self.blacklisted = Gauge("dgrpo_blacklisted_peers", "peers blacklisted", registry=r)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StatusHTTPServer
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] == "/status":
+            body = json.dumps(self.server.snapshot(), default=str).encode()
+            self._send(200, "application/json", body)
+        elif self.path.split("?")[0] == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+        elif self.path == "/healthz":
+            self._send(200, "text/plain", b"ok\n")
+        else:
+            self._send(404, "text/plain", b"not found: try /status or /metrics\n")
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("status http: " + format, *args)
+
+
+class StatusHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.snapshot = snapshot
+        self.registry = registry
+
+
+class StatusServer:
+    """Serve ``snapshot()`` and ``registry`` on ``host:port`` (port 0: a free port) in a background thread."""
+
+    def __init__(
+        self, host: str, port: int, snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry
+    ) -> None:
+        self._server = StatusHTTPServer((host, port), snapshot, registry)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="dgrpo-status", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = str(self._server.server_address[0])
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> StatusServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
