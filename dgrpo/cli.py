@@ -73,5 +73,217 @@ def simulate(
     )
 
 
+node_app = typer.Typer(help="Run a node of a decentralised GRPO network.", no_args_is_help=True)
+testnet_app = typer.Typer(help="A local testnet of daemons on 127.0.0.1.", no_args_is_help=True)
+app.add_typer(node_app, name="node")
+app.add_typer(testnet_app, name="testnet")
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a setting, e.g. -s learner.lr=1e-4")]
+
+
+@node_app.command("run")
+def node_run(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="node TOML configuration")] = None,
+    overrides: SetOption = None,
+    state_dir: Annotated[Path | None, typer.Option(help="keys, nonce, checkpoints, status")] = None,
+    listen: Annotated[str | None, typer.Option(help="listen multiaddr, e.g. /ip4/0.0.0.0/tcp/4001")] = None,
+    bootstrap: Annotated[list[str] | None, typer.Option(help="bootstrap multiaddr (repeatable)")] = None,
+    run_id: Annotated[str | None, typer.Option(help="network/run id")] = None,
+    max_rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue from the newest valid checkpoint")] = False,
+) -> None:
+    """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly)."""
+    import json as _json
+
+    from dgrpo.node.daemon import run_daemon
+    from dgrpo.node.settings import load_node_settings
+
+    sets = list(overrides or [])
+    if state_dir is not None:
+        sets.append(f"state_dir={_json.dumps(str(state_dir))}")
+    if listen is not None:
+        sets.append(f"network.listen={_json.dumps(listen)}")
+    if bootstrap:
+        sets.append(f"network.bootstrap={_json.dumps(bootstrap)}")
+    if run_id is not None:
+        sets.append(f"run_id={_json.dumps(run_id)}")
+    if max_rounds is not None:
+        sets.append(f"rounds.max_rounds={max_rounds}")
+    logging.getLogger("dgrpo").setLevel(logging.INFO)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        run_daemon(load_node_settings(config, sets), resume=resume)
+    except DgrpoError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def keygen(
+    path: Annotated[Path, typer.Argument(help="where to write the Ed25519 identity key (PEM, mode 0600)")],
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing key")] = False,
+) -> None:
+    """Write a new node identity key and print its peer id."""
+    from dgrpo.protocol.identity import Identity
+
+    identity = Identity.generate()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        identity.save(path, overwrite=force)
+    except (DgrpoError, FileExistsError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"peer id {identity.peer_id} -> {path}")
+
+
+def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="dgrpo nodes")
+    for col in ("node", "peer", "state", "round", "done", "peers", "accepted", "rejected", "reward", "errors"):
+        table.add_column(col)
+    for name, st in zip(names, statuses, strict=True):
+        if st is None:
+            table.add_row(name, "-", "starting", "", "", "", "", "", "", "")
+            continue
+        reward = st.get("mean_reward")
+        table.add_row(
+            name,
+            str(st["peer_id"])[-8:],
+            str(st["state"]),
+            str(st["round"]),
+            str(st["rounds_done"]),
+            str(len(st["peers"])),
+            str(st["messages_accepted"]),
+            str(sum(st["messages_rejected"].values())),
+            "" if reward is None else f"{reward:.3f}",
+            str(len(st["last_errors"])),
+        )
+    return table
+
+
+@app.command()
+def status(
+    target: Annotated[str, typer.Argument(help="status URL (http://127.0.0.1:8780) or a node's state dir")] = (
+        "http://127.0.0.1:8780"
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="print the raw JSON")] = False,
+) -> None:
+    """Show a running node's status."""
+    import json as _json
+    import urllib.request
+
+    from dgrpo.node.daemon import read_node_file
+
+    url = target
+    if not target.startswith("http"):
+        info = read_node_file(Path(target))
+        if info is None or not info.get("status_url"):
+            console.print(f"[red]error:[/] no running node found in {target}")
+            raise typer.Exit(2)
+        url = str(info["status_url"])
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=5) as resp:
+            st = _json.loads(resp.read())
+    except OSError as exc:
+        console.print(f"[red]error:[/] cannot reach {url}: {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        console.print_json(data=st)
+        return
+    console.print(_status_table([st], ["node"]))
+    console.print(f"rejected by reason: {st['messages_rejected']}  blacklisted: {st['blacklisted_peers']}")
+    for err in st["last_errors"][-5:]:
+        console.print(f"[yellow]{err}[/]")
+
+
+@testnet_app.command("up")
+def testnet_up(
+    n: Annotated[int, typer.Option("-n", "--nodes", help="number of daemons")] = 3,
+    rounds: Annotated[int | None, typer.Option("--rounds", help="stop after R rounds; default: until Ctrl-C")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="state and results folder")] = Path("runs/testnet"),
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="node TOML for every node")] = None,
+    overrides: SetOption = None,
+    adversary: Annotated[str | None, typer.Option(help="NAME:COUNT malicious nodes")] = None,
+    defense: Annotated[str | None, typer.Option(help="defense chain NAME[,NAME...]")] = None,
+    mode: Annotated[str, typer.Option(help="homogeneous | heterogeneous")] = "homogeneous",
+    timeout: Annotated[float, typer.Option(help="give up after this many seconds (with --rounds)")] = 3600.0,
+    background: Annotated[
+        bool, typer.Option("--background", help="start the nodes and return; stop them with `testnet down`")
+    ] = False,
+) -> None:
+    """Start N daemons on 127.0.0.1 with generated keys and bootstrap wiring, and show a live status table."""
+    import json as _json
+    import time as _time
+
+    from rich.live import Live
+
+    from dgrpo.node.testnet import start_testnet, stop_nodes, wait_rounds
+
+    if mode not in ("homogeneous", "heterogeneous"):
+        console.print(f"[red]error:[/] unknown mode {mode!r}; valid modes: heterogeneous, homogeneous")
+        raise typer.Exit(2)
+    if adversary:
+        console.print(f"[red]error:[/] unknown adversary {adversary.partition(':')[0]!r}; no attacks are installed")
+        raise typer.Exit(2)
+    chain = [d for d in (defense or "").split(",") if d]
+    if chain:
+        console.print(f"[red]error:[/] unknown defense {chain[0]!r}; no defenses are installed")
+        raise typer.Exit(2)
+    try:
+        nodes = start_testnet(n, out, rounds, mode=mode, extra=list(overrides or []), config=config)
+    except DgrpoError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    names = [f"node-{nd.index}" for nd in nodes]
+    console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")
+    if background:
+        console.print(f"running in the background; `dgrpo status {out}/node-0`, `dgrpo testnet down --out {out}`")
+        return
+    finished = False
+    try:
+        with Live(_status_table([None] * n, names), console=console, refresh_per_second=2) as live:
+
+            def show(statuses: list[dict[str, Any] | None]) -> None:
+                live.update(_status_table(statuses, names))
+
+            if rounds is not None:
+                finished = wait_rounds(nodes, rounds, show, timeout)
+            else:
+                while True:
+                    show([nd.status() for nd in nodes])
+                    _time.sleep(1.0)
+    except KeyboardInterrupt:
+        console.print("stopping the testnet")
+    except DgrpoError as exc:
+        console.print(f"[red]error:[/] {exc}")
+    clean = stop_nodes(nodes)
+    for nd in nodes:
+        path = nd.state_dir / "status.json"
+        if path.exists():
+            st = _json.loads(path.read_text())
+            console.print(f"node-{nd.index}: {st['rounds_done']} rounds, status in {path}")
+    if rounds is not None and not (finished and clean):
+        console.print("[red]the testnet did not complete cleanly[/]; see the node.log files")
+        raise typer.Exit(1)
+
+
+@testnet_app.command("down")
+def testnet_down_cmd(
+    out: Annotated[Path, typer.Option("--out", "-o", help="the testnet's folder")] = Path("runs/testnet"),
+) -> None:
+    """Stop a testnet started in the background."""
+    from dgrpo.node.testnet import testnet_down
+
+    try:
+        count = testnet_down(out)
+    except DgrpoError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"sent SIGTERM to {count} node(s)")
+
+
 if __name__ == "__main__":
     app()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from dgrpo.atomic import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -35,25 +36,6 @@ class CheckpointState:
     nonce: int
     replay: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a partial one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 class CheckpointManager:
@@ -88,7 +70,7 @@ class CheckpointManager:
         payload = buffer.getvalue()
         digest = hashlib.sha256(payload).hexdigest().encode()
         path = self.path_for(state.round)
-        atomic_write(path, digest + b"\n" + payload)
+        write_atomically(path, digest + b"\n" + payload)
         for old in self.checkpoints()[self.keep :]:
             old.unlink(missing_ok=True)
         return path

@@ -35,4 +35,7 @@ async def run_round(
     with trio.move_on_after(deadline_seconds):
         await inbox.wait_complete(round_idx, expected_peers)
     received = inbox.take(round_idx)
-    return await trio.to_thread.run_sync(node.consume, round_idx, [*own, *received], limiter=limiter)
+    # Shielded: once the update starts, a shutdown waits for it, so the caller learns the round happened and
+    # a checkpoint never pairs updated weights with an old round number.
+    with trio.CancelScope(shield=True):
+        return await trio.to_thread.run_sync(node.consume, round_idx, [*own, *received], limiter=limiter)

@@ -52,6 +52,9 @@ class RoundSettings(Section):
     min_peers: Annotated[int, Field(ge=0, description="wait for this many peers before the first round")] = 0
     start_timeout_seconds: Annotated[float, Field(gt=0, description="give up waiting for min_peers")] = 120.0
     heartbeat_seconds: Annotated[float, Field(gt=0, description="control-topic heartbeat period")] = 2.0
+    linger: Annotated[
+        bool, Field(description="after max_rounds keep gossiping and serving status until SIGINT/SIGTERM")
+    ] = False
     peer_timeout_seconds: Annotated[
         float, Field(gt=0, description="a peer silent this long is no longer expected at quorum")
     ] = 20.0
@@ -67,6 +70,9 @@ class StatusSettings(Section):
     host: Annotated[str, Field(description="status/metrics HTTP address")] = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535, description="HTTP port; 0 picks a free one")] = 8780
     enabled: Annotated[bool, Field(description="serve /status and /metrics")] = True
+    weights_digest: Annotated[
+        bool, Field(description="record a SHA-256 of the weights after every round (cheap for small models)")
+    ] = False
 
 
 class DefenseSettings(Section):

@@ -1,0 +1,3 @@
+from dgrpo.cli import app
+
+app()

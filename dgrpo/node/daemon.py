@@ -1,0 +1,326 @@
+"""``dgrpo node run``: one node of a decentralised GRPO network over libp2p gossipsub.
+
+Designed against the top complaints about the nearest existing system (papers notes, part C):
+* the P2P daemon fails to start or to reach bootstrap peers -> bootstrap is retried with backoff and a log
+  line per failure, never a crash; the node's listen addresses and status URL are written to
+  ``<state_dir>/node.json`` as soon as it is up;
+* nodes sit at an old round without errors -> rounds close at quorum or at a deadline, a late joiner starts
+  at the network's current round (learned from heartbeats), and the status shows round, peers, rejections
+  and the last errors;
+* no visible progress -> one structured log line per round, ``/status`` JSON and Prometheus ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from dgrpo.atomic import write_atomically
+from dgrpo.node.checkpoint import CheckpointManager, CheckpointState
+from dgrpo.node.gossip import GossipConfig, GossipNode
+from dgrpo.node.inbox import RoundInbox
+from dgrpo.node.learner import Learner
+from dgrpo.node.node import Node, RoundReport
+from dgrpo.node.p2p import Libp2pTransport
+from dgrpo.node.round import run_round
+from dgrpo.node.settings import NodeSettings
+from dgrpo.node.status import NodeMetrics, StatusServer
+from dgrpo.protocol.envelope import HeartbeatBody, Signer
+from dgrpo.protocol.identity import Identity
+from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.nonce import NonceCounter
+from dgrpo.protocol.replay import ReplayGuard
+from dgrpo.protocol.validator import MessageValidator
+from dgrpo.tasks import get_task
+
+log = logging.getLogger("dgrpo.node")
+
+
+def load_identity(settings: NodeSettings) -> Identity:
+    path = settings.key_path
+    if path.exists():
+        return Identity.load(path)
+    if not settings.identity.create:
+        from dgrpo.errors import ConfigError
+
+        raise ConfigError(f"identity key {path} does not exist; create one with `dgrpo keygen {path}`")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    identity = Identity.generate()
+    identity.save(path)
+    log.info("created identity %s in %s", identity.peer_id, path)
+    return identity
+
+
+class Daemon:
+    def __init__(self, settings: NodeSettings, resume: bool = False) -> None:
+        self.settings = settings
+        self.resume = resume
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        self.identity = load_identity(settings)
+        self.peer_id = self.identity.peer_id
+        self.nonces = NonceCounter(settings.state_dir / "nonce.json")
+        self.replay_path = settings.state_dir / "replay.msgpack"
+        self.replay = ReplayGuard.load(self.replay_path) if self.replay_path.exists() else ReplayGuard(4096)
+        self.validator = MessageValidator(settings.run_id, ProtocolLimits(), self.replay)
+        self.signer = Signer(self.identity, settings.run_id, self.nonces)
+        self.checkpoints = CheckpointManager(settings.checkpoint_folder, keep=settings.checkpoint.keep)
+        self.learner = Learner(settings.model, settings.learner)
+        task = get_task(settings.task.name, **settings.task.options)
+        self.node = Node(self.peer_id, settings.run_id, task, self.learner, settings.rollout, settings.sampling)
+        self.inbox = RoundInbox()
+        self.metrics = NodeMetrics()
+        self.round = 0  # the round in progress (or next to run)
+        self.rounds_done = 0
+        self.last_report: RoundReport | None = None
+        self.errors: deque[str] = deque(maxlen=20)
+        self.accepted_completions = 0
+        self.state = "starting"
+        self.transport: Libp2pTransport | None = None
+        self.gossip: GossipNode | None = None
+        self.status_url: str | None = None
+        if resume:
+            self._restore()
+
+    # ----------------------------------------------------------------- checkpoints
+    def _restore(self) -> None:
+        state = self.checkpoints.load_latest()
+        if state is None:
+            log.warning("--resume: no valid checkpoint in %s; starting fresh", self.checkpoints.folder)
+            return
+        self.learner.model.load_state_dict(state.model)
+        self.learner.optimizer.load_state_dict(state.optimizer)
+        self.rounds_done = int(state.meta.get("rounds_done", state.round))
+        self.round = state.round + 1
+        # The replay file is written every round, so it is at least as new as the checkpoint's copy.
+        if not self.replay_path.exists():
+            self.replay.merge(ReplayGuard.from_dict(state.replay))
+        log.info("resumed at round %d from checkpoint (nonce file at %d)", self.round, self.nonces.peek())
+
+    def save_checkpoint(self) -> None:
+        if self.rounds_done == 0:
+            return
+        path = self.checkpoints.save(
+            CheckpointState(
+                round=self.round - 1,
+                model=self.learner.model.state_dict(),
+                optimizer=self.learner.optimizer.state_dict(),
+                nonce=self.nonces.peek(),
+                replay=self.replay.to_dict(),
+                meta={"peer_id": self.peer_id, "rounds_done": self.rounds_done, "run_id": self.settings.run_id},
+            )
+        )
+        log.info("checkpoint %s", path)
+
+    # ----------------------------------------------------------------- status
+    def snapshot(self) -> dict[str, Any]:
+        stats = self.validator.statistics()
+        report = self.last_report
+        transport = self.transport
+        gossip = self.gossip
+        return {
+            "peer_id": self.peer_id,
+            "run_id": self.settings.run_id,
+            "state": self.state,
+            "round": self.round,
+            "rounds_done": self.rounds_done,
+            "peers": sorted(transport.peers()) if transport else [],
+            "connected_peers": sorted(gossip.connected_peers()) if gossip else [],
+            "listen_addrs": gossip.listen_addrs() if gossip else [],
+            "mean_reward": report.mean_reward if report else None,
+            "last_round": _report_json(report) if report else None,
+            "messages_accepted": stats.accepted,
+            "messages_rejected": dict(stats.rejected_by_reason),
+            "rejected_by_peer": dict(stats.rejected_by_peer),
+            "round_rejections": dict(self.inbox.rejected),
+            "completions_trained": self.accepted_completions,
+            "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
+            "weights_sha256": self.learner.weights_digest() if self.state == "stopped" else None,
+            "last_errors": list(self.errors),
+            "status_url": self.status_url,
+        }
+
+    def write_node_file(self) -> None:
+        info = {
+            "peer_id": self.peer_id,
+            "listen_addrs": self.gossip.listen_addrs() if self.gossip else [],
+            "status_url": self.status_url,
+        }
+        write_atomically(self.settings.state_dir / "node.json", json.dumps(info, indent=2).encode())
+
+    def _after_round(self, report: RoundReport) -> None:
+        """Bookkeeping right after a round's update (synchronous: nothing may interleave with it)."""
+        self.last_report = report
+        self.rounds_done += 1
+        self.round = report.round + 1
+        self.accepted_completions += report.completions_accepted
+        self.metrics.round.set(report.round)
+        self.metrics.mean_reward.set(report.mean_reward)
+        self.metrics.completions.inc(report.completions_accepted)
+
+    def _log_round(self, report: RoundReport, seconds: float, expected: set[str]) -> None:
+        authors = Counter(s.author for s in report.scored)
+        line = {
+            "event": "round",
+            "peer": self.peer_id[-8:],
+            "round": report.round,
+            "seconds": round(seconds, 2),
+            "expected_peers": len(expected),
+            "authors": len(authors),
+            "completions": report.completions_accepted,
+            "rejected": report.rejected,
+            "mean_reward": round(report.mean_reward, 4),
+            "loss": None if report.step is None else round(report.step.loss, 6),
+        }
+        if self.settings.status.weights_digest:
+            line["weights_sha256"] = self.learner.weights_digest()
+        log.info(json.dumps(line))
+        with (self.settings.state_dir / "rounds.jsonl").open("a") as f:
+            f.write(json.dumps({**line, "peer": self.peer_id, "authors": sorted(authors)}) + "\n")
+        self.metrics.round_seconds.set(seconds)
+
+    # ----------------------------------------------------------------- the loop
+    async def run(self) -> None:
+        s = self.settings
+        gossip_cfg = GossipConfig(listen=s.network.listen, bootstrap=tuple(s.network.bootstrap), **s.network.gossip)
+        async with GossipNode.open(gossip_cfg, self.identity.to_libp2p_keypair()) as gossip:
+            self.gossip = gossip
+            self.transport = Libp2pTransport(
+                gossip, self.signer, self.validator, s.run_id, peer_timeout=s.rounds.peer_timeout_seconds
+            )
+            server = None
+            if s.status.enabled:
+                server = StatusServer(s.status.host, s.status.port, self.snapshot, self.metrics.registry).start()
+                self.status_url = server.url
+            self.write_node_file()
+            log.info("node %s listening on %s; status %s", self.peer_id, gossip.listen_addrs(), self.status_url)
+            try:
+                async with trio.open_nursery() as nursery:
+                    await self.transport.start(nursery)
+                    nursery.start_soon(self.inbox.pump, self.transport.inbound())
+                    nursery.start_soon(self._heartbeats)
+                    nursery.start_soon(self._signals, nursery.cancel_scope)
+                    await self._rounds()
+                    nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._shutdown(server)
+
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: finishing up", signal.Signals(signum).name)
+                self.state = "stopping"
+                scope.cancel()
+                return
+
+    async def _heartbeats(self) -> None:
+        assert self.transport is not None and self.gossip is not None
+        while True:
+            body = HeartbeatBody(
+                round=self.round,
+                rounds_done=self.rounds_done,
+                status="stopping" if self.state == "stopping" else "running",
+                listen_addrs=tuple(self.gossip.listen_addrs()[:8]),
+            )
+            try:
+                await self.transport.publish_heartbeat(body)
+            except Exception as exc:  # a failed heartbeat is logged; the next one may succeed
+                self._error(f"heartbeat: {exc}")
+            self.metrics.peers.set(len(self.gossip.connected_peers()))
+            self.metrics.active_peers.set(len(self.transport.peers()))
+            self.metrics.blacklisted.set(len(self.gossip.blacklisted()))
+            await trio.sleep(self.settings.rounds.heartbeat_seconds)
+
+    def _error(self, message: str) -> None:
+        log.warning(message)
+        self.errors.append(f"{time.strftime('%H:%M:%S')} {message}")
+
+    async def _join(self) -> None:
+        """Wait for ``min_peers`` (bounded), then start at the network's current round (a late joiner)."""
+        assert self.transport is not None
+        s = self.settings.rounds
+        with trio.move_on_after(s.start_timeout_seconds) as scope:
+            while len(self.transport.peers()) < s.min_peers:
+                await trio.sleep(0.2)
+        if scope.cancelled_caught:
+            self._error(f"only {len(self.transport.peers())} of {s.min_peers} peers after {s.start_timeout_seconds}s")
+        # Give peers one heartbeat period to announce their round, then join the most advanced one.
+        await trio.sleep(min(s.heartbeat_seconds, 2.0) if s.min_peers else 0)
+        network_round = max((p.round for p in self.transport.peer_table() if p.status == "running"), default=0)
+        if network_round > self.round:
+            log.info("joining at the network's current round %d", network_round)
+            self.round = network_round
+
+    async def _rounds(self) -> None:
+        assert self.transport is not None
+        s = self.settings.rounds
+        await self._join()
+        self.state = "running"
+        self.round = max(self.round, 1)
+        while s.max_rounds is None or self.rounds_done < s.max_rounds:
+            t0 = time.perf_counter()
+            expected = self.transport.peers()
+            report = await run_round(self.node, self.transport, self.inbox, self.round, expected, s.deadline_seconds)
+            self._after_round(report)
+            self._log_round(report, time.perf_counter() - t0, expected)
+            missing = expected - {sc.author for sc in report.scored}
+            if missing:
+                self._error(f"round {report.round} closed at its deadline without {sorted(missing)}")
+            self.replay.save(self.replay_path)
+            if self.rounds_done % self.settings.checkpoint.every == 0:
+                await trio.to_thread.run_sync(self.save_checkpoint)
+        self.state = "done"
+        log.info("completed %d rounds", self.rounds_done)
+        if s.linger:
+            await trio.sleep_forever()  # keep gossiping and serving status until told to stop
+
+    async def _shutdown(self, server: StatusServer | None) -> None:
+        self.state = "stopping"
+        if self.transport is not None and self.gossip is not None:
+            with trio.move_on_after(2):
+                await self.transport.publish_heartbeat(
+                    HeartbeatBody(round=self.round, rounds_done=self.rounds_done, status="stopping", listen_addrs=())
+                )
+        await trio.to_thread.run_sync(self.save_checkpoint)
+        self.replay.save(self.replay_path)
+        self.state = "stopped"
+        write_atomically(self.settings.state_dir / "status.json", json.dumps(self.snapshot(), indent=2).encode())
+        if server is not None:
+            server.stop()
+        log.info("stopped cleanly after %d rounds", self.rounds_done)
+
+
+def _report_json(report: RoundReport) -> dict[str, Any]:
+    return {
+        "round": report.round,
+        "messages": report.messages,
+        "completions_received": report.completions_received,
+        "completions_accepted": report.completions_accepted,
+        "authors": sorted({s.author for s in report.scored}),
+        "rejected": report.rejected,
+        "mean_reward": report.mean_reward,
+        "loss": None if report.step is None else report.step.loss,
+    }
+
+
+def run_daemon(settings: NodeSettings, resume: bool = False) -> None:
+    trio.run(Daemon(settings, resume=resume).run)
+
+
+def read_node_file(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / "node.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,327 @@
+"""The signed envelope: models, canonical signing bytes, wire encoding, and the signer.
+
+Specified in ``docs/protocol.md``; a test keeps the field tables there equal to the models here. The
+signature covers a canonical encoding of every field but ``sig`` (fields as msgpack arrays in model order,
+behind a domain tag), never the wire bytes: any re-encoding of a message (other map key order, other int
+widths) verifies, and has the same (author, nonce), so receivers drop it as a replay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, Final, Literal
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+
+from dgrpo.errors import DgrpoError
+from dgrpo.protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_from_public_bytes
+from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.messages import Rollout, SamplingParams, SplitMode, StrictModel
+from dgrpo.protocol.nonce import NONCE_LIMIT, NonceCounter
+from dgrpo.protocol.topics import RUN_ID_PATTERN, validate_run_id
+
+PROTOCOL_VERSION: Final = 1
+DOMAIN_TAG = b"dgrpo/envelope/1\x00"  # separates these signatures from any other use of the same key
+MAX_LISTEN_ADDRS = 8
+# Largest bin field (the signature); a longer one is malformed before any allocation.
+_MAX_BIN_LEN = SIGNATURE_BYTES
+# Largest map on the wire has 9 keys; allow some unknown keys so they are reported as "schema", not "malformed".
+_MAX_MAP_LEN = 32
+Kind = Literal["rollout", "heartbeat"]
+_DEFAULT_LIMITS = ProtocolLimits()
+
+
+class ProtocolError(DgrpoError):
+    """A message cannot be decoded or signed. ``reason`` is one of the codes in ``docs/protocol.md``."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class WireModel(StrictModel):
+    """A strict model whose fields are all required and whose float fields accept only floats.
+
+    pydantic's strict mode still accepts an int for a float field; on the wire that would be a msgpack int
+    where the spec says float 64, a second encoding of the same value, so it is rejected here. Defaults (as
+    :class:`SamplingParams` has) are for code, not for the wire: a message lists every field.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete_and_floats_are_floats(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            missing = [name for name in cls.model_fields if name not in data]
+            if missing:
+                raise ValueError(f"missing field(s) {', '.join(missing)}")
+            for name, info in cls.model_fields.items():
+                if info.annotation is float and name in data and type(data[name]) is not float:
+                    raise ValueError(f"{name} must be a float (msgpack float 64), got {type(data[name]).__name__}")
+        return data
+
+
+class WireSamplingParams(WireModel, SamplingParams):
+    """:class:`SamplingParams` as sent on the wire (same fields and bounds; floats must be floats)."""
+
+
+class RolloutBody(WireModel):
+    """A :class:`~dgrpo.protocol.messages.Rollout` without the author and round (those are envelope fields)."""
+
+    part: Annotated[int, Field(ge=0)]
+    parts: Annotated[int, Field(ge=1)]
+    prompt_id: Annotated[str, Field(min_length=1, max_length=256)]
+    prompt: str
+    completions: tuple[str, ...]
+    model_id: Annotated[str, Field(max_length=256)]
+    sampling: WireSamplingParams
+    split: SplitMode
+
+    @model_validator(mode="after")
+    def _part_below_parts(self) -> RolloutBody:
+        if self.part >= self.parts:
+            raise ValueError(f"part {self.part} must be below parts {self.parts}")
+        return self
+
+
+class HeartbeatBody(WireModel):
+    """Liveness and progress of a node, published on the control topic."""
+
+    round: Annotated[int, Field(ge=0)]
+    rounds_done: Annotated[int, Field(ge=0)]
+    status: Literal["running", "stopping"]
+    listen_addrs: Annotated[tuple[str, ...], Field(max_length=MAX_LISTEN_ADDRS)]
+
+
+_BODY_TYPES: dict[str, type[BaseModel]] = {"rollout": RolloutBody, "heartbeat": HeartbeatBody}
+
+
+def _body_tag(value: Any) -> str | None:
+    # Picks the body model from the body's own keys so a schema error names one model's fields, not both;
+    # whether the body fits the envelope's kind is checked after validation.
+    if isinstance(value, dict):
+        return "rollout" if "prompt_id" in value else "heartbeat" if "rounds_done" in value else None
+    for kind, model in _BODY_TYPES.items():
+        if type(value) is model:
+            return kind
+    return None
+
+
+Body = Annotated[
+    Annotated[RolloutBody, Tag("rollout")] | Annotated[HeartbeatBody, Tag("heartbeat")],
+    Discriminator(_body_tag, custom_error_type="body_type", custom_error_message="not a rollout or heartbeat body"),
+]
+
+
+class UnsignedEnvelope(WireModel):
+    """Every envelope field the signature covers, in canonical order."""
+
+    v: Literal[1]
+    kind: Kind
+    run: Annotated[str, Field(pattern=f"^{RUN_ID_PATTERN}$")]
+    round: Annotated[int, Field(ge=0)]
+    author: Annotated[bytes, Field(min_length=PUBLIC_KEY_BYTES, max_length=PUBLIC_KEY_BYTES)]
+    nonce: Annotated[int, Field(ge=0, lt=NONCE_LIMIT)]
+    ts: Annotated[int, Field(ge=0, lt=2**63)]
+    body: Body
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_int(cls, value: Any) -> Any:
+        if type(value) is not int:  # Literal[1] alone would accept True (True == 1)
+            raise ValueError(f"v must be an integer, got {type(value).__name__}")
+        return value
+
+    @model_validator(mode="after")
+    def _body_matches_kind(self) -> UnsignedEnvelope:
+        if not isinstance(self.body, _BODY_TYPES[self.kind]):
+            raise ValueError(f"kind {self.kind!r} needs a {_BODY_TYPES[self.kind].__name__} body")
+        if isinstance(self.body, HeartbeatBody) and self.body.round != self.round:
+            raise ValueError(f"heartbeat body round {self.body.round} differs from envelope round {self.round}")
+        return self
+
+
+class Envelope(UnsignedEnvelope):
+    """A signed message: :class:`UnsignedEnvelope` plus the Ed25519 signature of its canonical bytes."""
+
+    sig: Annotated[bytes, Field(min_length=SIGNATURE_BYTES, max_length=SIGNATURE_BYTES)]
+
+
+def _canonical_value(value: Any) -> Any:
+    # Models and tuples become arrays in field order; str, bytes, int and float stay (msgpack packs
+    # Python floats as float 64 and ints in their shortest form, which makes the encoding unique).
+    if isinstance(value, BaseModel):
+        return [_canonical_value(getattr(value, name)) for name in type(value).model_fields]
+    if isinstance(value, tuple):
+        return [_canonical_value(v) for v in value]
+    return value
+
+
+def canonical_bytes(envelope: UnsignedEnvelope) -> bytes:
+    """The bytes an envelope's signature covers: ``DOMAIN_TAG || msgpack([v, kind, ..., body_array])``.
+
+    Works on an :class:`Envelope` too (its ``sig`` is left out).
+    """
+    fields = [_canonical_value(getattr(envelope, name)) for name in UnsignedEnvelope.model_fields]
+    packed: bytes = msgpack.packb(fields, use_bin_type=True, use_single_float=False)
+    return DOMAIN_TAG + packed
+
+
+def encode(envelope: Envelope) -> bytes:
+    """Wire bytes: a msgpack map with string keys (``v`` ... ``sig``), the body and sampling as nested maps."""
+    packed: bytes = msgpack.packb(envelope.model_dump(), use_bin_type=True, use_single_float=False)
+    return packed
+
+
+def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    # msgpack allows duplicate map keys and decoders disagree on which wins; refuse them instead.
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate map key")
+    return out
+
+
+def _schema_detail(error: ValidationError, limit: int = 3) -> str:
+    # Without input values: hostile input must not end up verbatim (and unbounded) in logs.
+    parts = []
+    for err in error.errors(include_input=False, include_url=False)[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(message)"
+        parts.append(f"{loc}: {err['msg']}")
+    more = error.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def decode(data: bytes, limits: ProtocolLimits | None = None) -> Envelope:
+    """Parse wire bytes into an :class:`Envelope`, checking sizes and the schema, NOT the signature.
+
+    Raises :class:`ProtocolError` with reason ``oversize``, ``malformed``, ``unsupported_version`` or ``schema``.
+    """
+    limits = limits or _DEFAULT_LIMITS
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError("malformed", f"expected bytes, got {type(data).__name__}")
+    if len(data) > limits.max_message_bytes:
+        raise ProtocolError("oversize", f"{len(data)} bytes > {limits.max_message_bytes}")
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,  # str -> str (invalid UTF-8 fails), bin -> bytes
+            use_list=False,  # arrays -> tuples, which strict pydantic accepts for tuple fields
+            strict_map_key=True,
+            object_pairs_hook=_pairs_to_dict,
+            max_bin_len=_MAX_BIN_LEN,
+            max_str_len=limits.max_message_bytes,
+            # generous, so that too many completions is reported as such; a huge declared array fails here
+            max_array_len=max(4 * limits.max_completions, 64),
+            max_map_len=_MAX_MAP_LEN,
+            max_ext_len=0,
+        )
+    except Exception as e:  # msgpack raises ValueError, UnicodeDecodeError, StackError, ...; all mean malformed
+        raise ProtocolError("malformed", f"{type(e).__name__}: {str(e)[:200]}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("malformed", f"top level is a {type(obj).__name__}, not a map")
+    version = obj.get("v")
+    if type(version) is int and version != PROTOCOL_VERSION:
+        raise ProtocolError("unsupported_version", f"version {version}, this node speaks {PROTOCOL_VERSION}")
+    try:
+        return Envelope.model_validate(obj)
+    except ValidationError as e:
+        raise ProtocolError("schema", _schema_detail(e)) from None
+
+
+def verify_signature(envelope: Envelope) -> bool:
+    """True if ``envelope.sig`` is the author's Ed25519 signature of its canonical bytes."""
+    try:
+        Ed25519PublicKey.from_public_bytes(envelope.author).verify(envelope.sig, canonical_bytes(envelope))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def author_peer_id(envelope: UnsignedEnvelope) -> str:
+    """The libp2p PeerId of the envelope's author key."""
+    return peer_id_from_public_bytes(envelope.author)
+
+
+def to_rollout(envelope: Envelope) -> Rollout:
+    """The in-memory :class:`Rollout` of a (validated) rollout envelope."""
+    body = envelope.body
+    if not isinstance(body, RolloutBody):
+        raise ProtocolError("wrong_kind", f"a {envelope.kind} envelope holds no rollout")
+    return Rollout(
+        author=author_peer_id(envelope),
+        round=envelope.round,
+        part=body.part,
+        parts=body.parts,
+        prompt_id=body.prompt_id,
+        prompt=body.prompt,
+        completions=body.completions,
+        model_id=body.model_id,
+        sampling=SamplingParams.model_validate(body.sampling.model_dump()),
+        split=body.split,
+    )
+
+
+class Signer:
+    """Turns this node's rollouts and heartbeats into signed wire messages."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        run_id: str,
+        nonces: NonceCounter,
+        clock: Callable[[], float] = time.time,
+        limits: ProtocolLimits | None = None,
+    ) -> None:
+        self.identity = identity
+        self.run_id = validate_run_id(run_id)
+        self.nonces = nonces
+        self.clock = clock
+        self.limits = limits or ProtocolLimits()
+
+    def sign(self, kind: Kind, round: int, body: RolloutBody | HeartbeatBody) -> bytes:
+        """Wire bytes of a new envelope; takes the next nonce.
+
+        Raises :class:`ProtocolError` (``schema``, ``oversize``) for a message receivers would reject.
+        """
+        try:
+            unsigned = UnsignedEnvelope(
+                v=PROTOCOL_VERSION,
+                kind=kind,
+                run=self.run_id,
+                round=round,
+                author=self.identity.public_bytes,
+                nonce=self.nonces.next(),
+                ts=int(self.clock() * 1000),
+                body=body,
+            )
+        except ValidationError as e:
+            raise ProtocolError("schema", _schema_detail(e)) from e
+        fields = {name: getattr(unsigned, name) for name in UnsignedEnvelope.model_fields}
+        envelope = Envelope(**fields, sig=self.identity.sign(canonical_bytes(unsigned)))
+        data = encode(envelope)
+        if len(data) > self.limits.max_message_bytes:
+            # Receivers would drop it (and gossipsub drops > 1 MiB silently): fail loudly at the sender.
+            raise ProtocolError("oversize", f"{len(data)} bytes > {self.limits.max_message_bytes}; split the rollout")
+        return data
+
+    def sign_rollout(self, rollout: Rollout) -> bytes:
+        if rollout.author != self.identity.peer_id:
+            raise ProtocolError("wrong_author", f"rollout author {rollout.author!r} is not {self.identity.peer_id}")
+        body = RolloutBody(
+            part=rollout.part,
+            parts=rollout.parts,
+            prompt_id=rollout.prompt_id,
+            prompt=rollout.prompt,
+            completions=rollout.completions,
+            model_id=rollout.model_id,
+            sampling=WireSamplingParams.model_validate(rollout.sampling.model_dump()),
+            split=rollout.split,
+        )
+        return self.sign("rollout", rollout.round, body)
+
+    def sign_heartbeat(self, body: HeartbeatBody, round: int) -> bytes:
+        return self.sign("heartbeat", round, body)

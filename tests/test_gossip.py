@@ -1,0 +1,243 @@
+"""The gossip layer over real py-libp2p: three nodes in one trio process on 127.0.0.1, chained A - B - C
+(B dials A, C dials B; C has no connection to A). Waits poll readiness or wait until every task is blocked
+(the whole network lives in this process), never a fixed sleep."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from libp2p.crypto.ed25519 import create_new_key_pair
+
+from dgrpo.node.gossip import GossipConfig, GossipError, GossipMessage, GossipNode, MessageTooLargeError
+
+TOPIC = "rollouts"
+FAST_DIAL = {"bootstrap_backoff_initial": 0.05, "bootstrap_backoff_max": 0.2}
+
+
+def config(**overrides: Any) -> GossipConfig:
+    return GossipConfig(**{**FAST_DIAL, **overrides})
+
+
+@dataclass(frozen=True)
+class Chain:
+    a: GossipNode
+    b: GossipNode
+    c: GossipNode
+    inbox: dict[str, trio.MemoryReceiveChannel[GossipMessage]]  # by node name
+
+
+@asynccontextmanager
+async def chain() -> AsyncIterator[Chain]:
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(GossipNode.open(config(), create_new_key_pair()))
+        b = await stack.enter_async_context(GossipNode.open(config(bootstrap=a.listen_addrs()), create_new_key_pair()))
+        c = await stack.enter_async_context(GossipNode.open(config(bootstrap=b.listen_addrs()), create_new_key_pair()))
+        inbox = {name: await node.subscribe(TOPIC) for name, node in zip("abc", (a, b, c), strict=True)}
+        await a.wait_for_mesh(TOPIC, 1, timeout=10)
+        await b.wait_for_mesh(TOPIC, 2, timeout=10)
+        await c.wait_for_mesh(TOPIC, 1, timeout=10)
+        yield Chain(a, b, c, inbox)
+
+
+def run(test: Callable[[], Awaitable[None]], limit: float = 30.0) -> None:
+    async def main() -> None:
+        with trio.fail_after(limit):
+            await test()
+
+    trio.run(main)
+
+
+async def quiescent() -> None:
+    """Every task in the process (all three nodes) is blocked: nothing is in flight any more."""
+    await trio.testing.wait_all_tasks_blocked(cushion=0.01)
+
+
+def pending(channel: trio.MemoryReceiveChannel[GossipMessage]) -> list[bytes]:
+    return [m.data for m in iter(lambda: _receive_nowait(channel), None)]
+
+
+def _receive_nowait(channel: trio.MemoryReceiveChannel[GossipMessage]) -> GossipMessage | None:
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        return None
+
+
+def test_config_rejects_inconsistent_values() -> None:
+    with pytest.raises(ValueError, match="degree_low <= degree <= degree_high"):
+        GossipConfig(degree=3, degree_low=4)
+    with pytest.raises(ValueError, match="max_message_bytes must be <="):
+        GossipConfig(max_message_bytes=1024 * 1024)
+    with pytest.raises(ValueError, match="not a multiaddr ending in /p2p/<id>"):
+        GossipConfig(bootstrap=("/ip4/127.0.0.1/tcp/4001",))
+    with pytest.raises(ValueError, match="extra"):
+        GossipConfig(heartbeat=1.0)  # type: ignore[call-arg]
+
+
+def test_listen_addrs_carry_bound_port_and_peer_id() -> None:
+    async def main() -> None:
+        async with GossipNode.open(config(), create_new_key_pair()) as node:
+            (addr,) = node.listen_addrs()
+            assert re.fullmatch(rf"/ip4/127\.0\.0\.1/tcp/[1-9]\d*/p2p/{node.peer_id}", addr)
+
+    run(main)
+
+
+def test_message_reaches_b_and_c_exactly_once() -> None:
+    async def main() -> None:
+        async with chain() as net:
+            assert net.c.connected_peers() == {net.b.peer_id}  # C is only linked to B
+            await net.a.publish(TOPIC, b"hello")
+            at_b = await net.inbox["b"].receive()
+            at_c = await net.inbox["c"].receive()
+            assert (at_b.data, at_b.source, at_b.forwarder) == (b"hello", net.a.peer_id, net.a.peer_id)
+            assert (at_c.data, at_c.source, at_c.forwarder) == (b"hello", net.a.peer_id, net.b.peer_id)
+            await quiescent()
+            assert pending(net.inbox["a"]) == []  # own publishes are not echoed
+            assert pending(net.inbox["b"]) == pending(net.inbox["c"]) == []
+            assert net.a.statistics().published == 1
+            assert net.c.statistics().received == 1
+
+    run(main)
+
+
+def test_rejected_message_is_neither_delivered_nor_forwarded() -> None:
+    async def main() -> None:
+        seen_by_c: list[bytes] = []
+
+        def b_validator(data: bytes, source: str, forwarder: str) -> bool:
+            if data == b"boom":
+                raise ValueError("validator bug")
+            return not data.startswith(b"bad")
+
+        def c_validator(data: bytes, source: str, forwarder: str | None) -> bool:
+            seen_by_c.append(data)
+            return True
+
+        async with chain() as net:
+            net.b.set_validator(TOPIC, b_validator)
+            net.c.set_validator(TOPIC, c_validator)
+            for payload in (b"bad-1", b"boom", b"good-1"):
+                await net.a.publish(TOPIC, payload)
+            assert (await net.inbox["b"].receive()).data == b"good-1"
+            assert (await net.inbox["c"].receive()).data == b"good-1"
+            await quiescent()
+            assert pending(net.inbox["b"]) == pending(net.inbox["c"]) == []
+            assert seen_by_c == [b"good-1"]  # C never saw the rejected ones, though it would accept them
+            assert net.b.statistics().validator_rejected == 2
+
+    run(main)
+
+
+def test_two_hundred_paced_messages_all_arrive() -> None:
+    async def main() -> None:
+        async with chain() as net:
+            count, filler = 200, bytes(4096)
+            for i in range(count):
+                await net.a.publish(TOPIC, i.to_bytes(4, "big") + filler)
+            got = [int.from_bytes((await net.inbox["c"].receive()).data[:4], "big") for _ in range(count)]
+            assert sorted(got) == list(range(count))
+            await quiescent()
+            assert pending(net.inbox["c"]) == []
+            assert net.c.statistics().dropped == net.b.statistics().dropped == 0
+
+    run(main)
+
+
+def test_oversize_publish_raises_and_the_largest_allowed_arrives() -> None:
+    async def main() -> None:
+        async with chain() as net:
+            limit = net.a.config.max_message_bytes
+            with pytest.raises(MessageTooLargeError, match=f"exceeds max_message_bytes={limit}"):
+                await net.a.publish(TOPIC, bytes(limit + 1))
+            with pytest.raises(GossipError, match="topic must be"):
+                await net.a.publish("", b"x")
+            await net.a.publish(TOPIC, b"\x01" * limit)
+            assert (await net.inbox["c"].receive()).data == b"\x01" * limit
+            assert net.a.statistics().published == 1
+
+    run(main)
+
+
+def test_blacklisted_peer_is_no_longer_heard() -> None:
+    async def main() -> None:
+        async with chain() as net:
+            await net.c.publish(TOPIC, b"before")
+            assert (await net.inbox["b"].receive()).data == b"before"
+            await net.b.blacklist(net.c.peer_id)
+            assert net.b.blacklisted() == {net.c.peer_id}
+            await net.c.publish(TOPIC, b"after")  # C keeps re-dialling B; B must ignore it
+            await net.a.publish(TOPIC, b"from-a")
+            assert (await net.inbox["b"].receive()).data == b"from-a"
+            await quiescent()
+            assert pending(net.inbox["b"]) == []
+            assert net.c.peer_id not in net.b.connected_peers()
+            with pytest.raises(GossipError, match="not a peer id"):
+                await net.b.blacklist("nonsense")
+
+    run(main)
+
+
+def test_unreachable_bootstrap_backs_off_and_node_still_works(caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    dead_peer = create_new_key_pair().public_key
+    from libp2p.peer.id import ID
+
+    dead = f"/ip4/127.0.0.1/tcp/{dead_port}/p2p/{ID.from_pubkey(dead_peer).to_base58()}"
+
+    async def main() -> None:
+        async with (
+            GossipNode.open(config(), create_new_key_pair()) as a,
+            GossipNode.open(config(bootstrap=(dead, *a.listen_addrs())), create_new_key_pair()) as d,
+        ):
+            inbox = await a.subscribe(TOPIC)
+            await d.subscribe(TOPIC)
+            await d.wait_for_mesh(TOPIC, 1, timeout=10)
+            await d.publish(TOPIC, b"still here")
+            assert (await inbox.receive()).data == b"still here"
+            while d.statistics().bootstrap_failures < 4:
+                await trio.sleep(0.01)
+            stats = d.statistics()
+            assert stats.bootstrap_attempts == stats.bootstrap_failures + 1  # one success, to A
+
+    with caplog.at_level(logging.WARNING, logger="dgrpo.node.gossip"):
+        run(main)
+    delays = [float(m) for m in re.findall(r"failed .* retrying in ([\d.]+) s", caplog.text)]
+    assert delays[:4] == [0.05, 0.1, 0.2, 0.2]  # exponential, capped at bootstrap_backoff_max
+    assert dead in caplog.text
+
+
+def test_restarted_publisher_is_not_mistaken_for_a_replay() -> None:
+    """py-libp2p numbers messages from the wall clock in seconds; a publisher restarted within a second would
+    reuse (from, seqno) and its new message be dropped as already seen."""
+
+    async def main() -> None:
+        key = create_new_key_pair()
+        async with GossipNode.open(config(), create_new_key_pair()) as b:
+            inbox = await b.subscribe(TOPIC)
+            seqnos = []
+            for payload in (b"first life", b"second life"):
+                async with GossipNode.open(config(bootstrap=b.listen_addrs()), key) as a:
+                    await a.subscribe(TOPIC)
+                    await a.wait_for_mesh(TOPIC, 1, timeout=10)
+                    await b.wait_for_mesh(TOPIC, 1, timeout=10)
+                    await a.publish(TOPIC, payload)
+                    message = await inbox.receive()
+                    assert (message.data, message.source) == (payload, a.peer_id)
+                    seqnos.append(message.seqno)
+                while b.connected_peers():
+                    await trio.sleep(0.01)
+            assert seqnos[1] > seqnos[0]
+
+    run(main)
