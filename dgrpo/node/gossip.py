@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 from typing import Annotated, Any, Self
 
 import libp2p
+import multihash
 import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -207,7 +208,9 @@ def _check_topic(topic: str) -> None:
 
 def _peer_id(peer_id: str) -> ID:
     try:
-        return ID.from_base58(peer_id)
+        peer = ID.from_base58(peer_id)
+        multihash.decode(peer.to_bytes())  # from_base58 accepts any base58 text
+        return peer
     except Exception as error:
         raise GossipError(f"not a peer id: {peer_id!r}") from error
 
@@ -298,7 +301,7 @@ class GossipNode:
         return {peer.to_base58() for peer in self._pubsub.peers}
 
     def mesh_peers(self, topic: str) -> set[str]:
-        return {peer.to_base58() for peer in self._router.mesh.get(topic, ())}
+        return {peer.to_base58() for peer in self._router.mesh.get(topic, ()) if peer in self._pubsub.peers}
 
     def blacklisted(self) -> set[str]:
         return {peer.to_base58() for peer in self._pubsub.get_blacklisted_peers()}
@@ -376,6 +379,12 @@ class GossipNode:
         """Drop everything ``peer_id`` sends or forwards from now on, and close our connection to it."""
         peer = _peer_id(peer_id)
         self._pubsub.add_to_blacklist(peer)
+        # py-libp2p's blacklist closes the pubsub stream but leaves the peer in the router's mesh and its
+        # outbound queue open (control messages pile up there); remove both.
+        self._router.remove_peer(peer)
+        queue = self._pubsub.peer_queues.pop(peer, None)
+        if queue is not None:
+            queue.close()
         await self._host.disconnect(peer)
 
     # --- internals ---
@@ -402,8 +411,12 @@ class GossipNode:
             except trio.ClosedResourceError:
                 pass
 
+    def _live_queues(self) -> list[Any]:
+        """Outbound queues of peers we gossip with (py-libp2p can leave queues of departed peers behind)."""
+        return [queue for peer, queue in self._pubsub.peer_queues.items() if peer in self._pubsub.peers]
+
     def _longest_queue(self) -> int:
-        return max((len(queue) for queue in self._pubsub.peer_queues.values()), default=0)
+        return max(map(len, self._live_queues()), default=0)
 
     async def _pace(self) -> None:
         if self._longest_queue() <= self.config.max_outbound_queue:
@@ -417,10 +430,10 @@ class GossipNode:
 
     async def _flush(self, timeout: float) -> None:
         with trio.move_on_after(timeout):
-            while not all(_queue_idle(queue) for queue in self._pubsub.peer_queues.values()):
+            while not all(_queue_idle(queue) for queue in self._live_queues()):
                 await trio.sleep(0.005)
             return
-        logger.warning("closing with %d RPCs still queued", sum(map(len, self._pubsub.peer_queues.values())))
+        logger.warning("closed before the outbound queues drained (%d RPCs left)", sum(map(len, self._live_queues())))
 
     async def _housekeeping(self) -> None:
         while True:
@@ -428,11 +441,12 @@ class GossipNode:
             _trim_router_state(self._router, self.config.equivocation_cache)
 
     async def _keep_dialled(self, addr: str) -> None:
-        """Dial a bootstrap peer until connected, backing off exponentially; re-dial if the connection drops."""
+        """Dial a bootstrap peer until connected, backing off exponentially; re-dial if the connection drops.
+        Failures are logged, never raised: an unreachable bootstrap peer must not take the node down."""
         info = info_from_p2p_addr(Multiaddr(addr))
         if info.peer_id == self._host.get_id():
             return
-        delay = self.config.bootstrap_backoff_initial
+        delay, failures = self.config.bootstrap_backoff_initial, 0
         while not self._pubsub.is_peer_blacklisted(info.peer_id):
             if info.peer_id not in self._host.get_connected_peers():
                 self._counters.bootstrap_attempts += 1
@@ -441,17 +455,14 @@ class GossipNode:
                         await self._host.connect(info)
                 except Exception as error:
                     self._counters.bootstrap_failures += 1
+                    failures += 1
+                    reason = f"{type(error).__name__}: {error}".replace("\n", " ")
                     logger.warning(
-                        "bootstrap dial %d to %s failed (%s: %s); retrying in %.1f s",
-                        self._counters.bootstrap_attempts,
-                        addr,
-                        type(error).__name__,
-                        error,
-                        delay,
+                        "bootstrap dial to %s failed (%d in a row, %s); retrying in %s s", addr, failures, reason, delay
                     )
                     await trio.sleep(delay)
                     delay = min(2 * delay, self.config.bootstrap_backoff_max)
                     continue
                 logger.info("connected to bootstrap peer %s", addr)
-                delay = self.config.bootstrap_backoff_initial
+                delay, failures = self.config.bootstrap_backoff_initial, 0
             await trio.sleep(self.config.heartbeat_interval)  # then check the connection is still there

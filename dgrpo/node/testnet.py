@@ -27,7 +27,7 @@ EMBEDDED_MODELS = ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"]
 
 
 @dataclass
-class TestnetNode:
+class NetNode:
     index: int
     state_dir: Path
     process: subprocess.Popen[bytes]
@@ -70,7 +70,7 @@ def node_overrides(
     return [*sets, *extra]
 
 
-def wait_for_node_file(node: TestnetNode, timeout: float = 120.0) -> dict[str, Any]:
+def wait_for_node_file(node: NetNode, timeout: float = 120.0) -> dict[str, Any]:
     t0 = time.time()
     while time.time() - t0 < timeout:
         info = read_node_file(node.state_dir)
@@ -91,11 +91,11 @@ def start_testnet(
     defense: list[str] | None = None,
     extra: list[str] | None = None,
     config: Path | None = None,
-) -> list[TestnetNode]:
+) -> list[NetNode]:
     if n < 1:
         raise ConfigError("a testnet needs at least one node")
     out.mkdir(parents=True, exist_ok=True)
-    nodes: list[TestnetNode] = []
+    nodes: list[NetNode] = []
     bootstrap: list[str] = []
     for i in range(n):
         state = out / f"node-{i}"
@@ -115,7 +115,7 @@ def start_testnet(
             cmd += ["--set", f"network.bootstrap={json.dumps(bootstrap)}"]
         log = open(state / "node.log", "ab")  # noqa: SIM115 (kept open for the child's lifetime)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        node = TestnetNode(i, state, proc, identity.peer_id)
+        node = NetNode(i, state, proc, identity.peer_id)
         info = wait_for_node_file(node)
         bootstrap.append(next(a for a in info["listen_addrs"] if "/tcp/" in a))
         nodes.append(node)
@@ -125,7 +125,7 @@ def start_testnet(
     return nodes
 
 
-def stop_nodes(nodes: list[TestnetNode], timeout: float = 60.0) -> bool:
+def stop_nodes(nodes: list[NetNode], timeout: float = 60.0) -> bool:
     """SIGTERM every node and wait; SIGKILL stragglers. True when all stopped cleanly (exit 0)."""
     for nd in nodes:
         if nd.process.poll() is None:
@@ -144,7 +144,7 @@ def stop_nodes(nodes: list[TestnetNode], timeout: float = 60.0) -> bool:
 
 
 def wait_rounds(
-    nodes: list[TestnetNode], rounds: int, on_poll: Callable[[list[dict[str, Any] | None]], None], timeout: float
+    nodes: list[NetNode], rounds: int, on_poll: Callable[[list[dict[str, Any] | None]], None], timeout: float
 ) -> bool:
     t0 = time.time()
     while time.time() - t0 < timeout:

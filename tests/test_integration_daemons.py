@@ -1,0 +1,99 @@
+"""Real daemons, real processes, real libp2p gossipsub on loopback (the testnet harness)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dgrpo.node.testnet import NetNode, start_testnet, stop_nodes, wait_rounds
+
+FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6", "checkpoint.every=1"]
+
+
+def rounds_log(node: NetNode) -> list[dict[str, Any]]:
+    path = node.state_dir / "rounds.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_until(predicate: Any, timeout: float, what: str) -> None:
+    t0 = time.time()
+    while not predicate():
+        assert time.time() - t0 < timeout, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def test_three_daemons_homogeneous(tmp_path: Path) -> None:
+    nodes = start_testnet(3, tmp_path, rounds=3, extra=FAST)
+    try:
+        assert wait_rounds(nodes, 3, lambda statuses: None, timeout=240)
+    finally:
+        assert stop_nodes(nodes), "every daemon exits 0 and writes status.json on SIGTERM"
+    peers = {nd.peer_id for nd in nodes}
+    logs = [rounds_log(nd)[:3] for nd in nodes]
+    for r in range(3):
+        rows = [log[r] for log in logs]
+        assert {row["round"] for row in rows} == {r + 1}
+        for row in rows:
+            # every node trained on every node's completions: 3 authors x 8 prompts x 2 completions
+            assert set(row["authors"]) == peers, f"round {r + 1}: {row['peer']} missed an author"
+            assert row["completions"] == 48
+        assert len({row["weights_sha256"] for row in rows}) == 1, f"weights differ after round {r + 1}"
+    for nd in nodes:
+        status = json.loads((nd.state_dir / "status.json").read_text())
+        assert status["rounds_done"] == 3 and status["state"] == "stopped"
+        assert status["messages_rejected"] == {}
+        assert status["messages_accepted"] > 0
+        assert set(status["peers"]) | {nd.peer_id} == peers or status["peers"] == []  # others may have left
+
+
+def test_kill_and_resume(tmp_path: Path) -> None:
+    nodes = start_testnet(3, tmp_path, rounds=None, extra=FAST)
+    victim = nodes[2]
+    try:
+        wait_until(lambda: len(rounds_log(victim)) >= 2, 240, "two rounds on the victim")
+        done_before = len(rounds_log(victim))
+        killed_at_round = rounds_log(victim)[-1]["round"]
+        nonce_before = json.loads((victim.state_dir / "nonce.json").read_text())
+        victim.process.send_signal(signal.SIGKILL)
+        victim.process.wait(timeout=30)
+        checkpoints = sorted((victim.state_dir / "checkpoints").glob("round-*.ckpt"))
+        assert checkpoints, "checkpoints are written every round"
+        last_ckpt_round = int(checkpoints[-1].stem.split("-")[1])
+        assert last_ckpt_round >= done_before - 1  # at most the round in flight is lost
+
+        (victim.state_dir / "node.json").unlink()
+        cmd = victim.process.args
+        assert isinstance(cmd, list)
+        log = open(victim.state_dir / "node.log", "ab")  # noqa: SIM115
+        victim.process = subprocess.Popen([*cmd, "--resume"], stdout=log, stderr=subprocess.STDOUT)
+        victim.status_url = None
+        wait_until(lambda: len(rounds_log(victim)) > done_before, 240, "a round after the restart")
+        # the others accept its fresh messages: they train on its completions again, with no replay rejections
+        wait_until(
+            lambda: all(_trained_on_after(nd, victim.peer_id, killed_at_round + 1) for nd in nodes[:2]),
+            120,
+            "the others to train on the resumed node's fresh messages",
+        )
+    finally:
+        stop_nodes(nodes)
+    nonce_after = json.loads((victim.state_dir / "nonce.json").read_text())
+    assert nonce_after["reserved_upto"] > nonce_before["reserved_upto"]
+    for nd in nodes[:2]:
+        status = json.loads((nd.state_dir / "status.json").read_text())
+        assert status["rejected_by_peer"].get(victim.peer_id, 0) == 0, status["messages_rejected"]
+    resumed = json.loads((victim.state_dir / "status.json").read_text())
+    assert resumed["rounds_done"] > done_before - 1
+
+
+def _trained_on_after(node: NetNode, author: str, after_round: int) -> bool:
+    return any(row["round"] > after_round and author in row["authors"] for row in rounds_log(node))
+
+
+def test_python_dash_m_dgrpo_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "dgrpo", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "testnet" in out.stdout and "keygen" in out.stdout
