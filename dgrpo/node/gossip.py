@@ -256,7 +256,7 @@ class GossipNode:
             max_inbound_rpc_size=config.max_inbound_rpc_size,
             deliver=self._deliver,
         )
-        self._pubsub.counter = time.time_ns()
+        pass  # TEMP
         self._inboxes: dict[str, tuple[trio.MemorySendChannel[GossipMessage], bool]] = {}
         self._counters = _Counters()
         self._closed = False
@@ -265,8 +265,9 @@ class GossipNode:
     @asynccontextmanager
     async def open(cls, config: GossipConfig, key_pair: Any) -> AsyncIterator[GossipNode]:
         """Start host, Pubsub and GossipSub (in that order: dialling before pubsub runs fails), then keep the
-        bootstrap peers dialled in the background. On exit, wait up to ``shutdown_flush_timeout`` for the
-        outbound queues to drain."""
+        bootstrap peers dialled in the background. On a clean exit, first wait up to ``shutdown_flush_timeout``
+        for the outbound queues to drain. Connections are then closed explicitly: leaving the host's context
+        only cancels its tasks, and peers in the same process would never see the sockets close."""
         listen = [Multiaddr(config.listen)]
         host = libp2p.new_host(key_pair=key_pair, listen_addrs=listen, muxer_preference="YAMUX")
         node = cls(config, host)
@@ -280,12 +281,16 @@ class GossipNode:
                 for addr in config.bootstrap:
                     nursery.start_soon(node._keep_dialled, addr)
                 nursery.start_soon(node._housekeeping)
+                clean = False
                 try:
                     yield node
+                    clean = True
                 finally:
-                    with trio.CancelScope(shield=True):
-                        await node._flush(config.shutdown_flush_timeout)
                     node._closed = True
+                    with trio.move_on_after(config.shutdown_flush_timeout + 5.0, shield=True):
+                        if clean:  # after an error or a cancellation the senders are gone: nothing to wait for
+                            await node._flush(config.shutdown_flush_timeout)
+                        await host.close()
                     for send, _ in node._inboxes.values():
                         send.close()
                     nursery.cancel_scope.cancel()

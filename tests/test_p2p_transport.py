@@ -1,0 +1,74 @@
+"""The libp2p transport with dgrpo's validator: hostile peers are rejected with reasons, then blacklisted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from dgrpo.node.gossip import GossipConfig, GossipNode
+from dgrpo.node.p2p import Libp2pTransport
+from dgrpo.protocol.envelope import Signer
+from dgrpo.protocol.identity import Identity
+from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.messages import Rollout, SamplingParams
+from dgrpo.protocol.nonce import NonceCounter
+from dgrpo.protocol.replay import ReplayGuard
+from dgrpo.protocol.topics import rollout_topic
+from dgrpo.protocol.validator import MessageValidator
+
+RUN = "t"
+FAST = {"bootstrap_backoff_initial": 0.05, "bootstrap_backoff_max": 0.2}
+
+
+def rollout(author: str) -> Rollout:
+    return Rollout(
+        author=author,
+        round=1,
+        part=0,
+        parts=1,
+        prompt_id="arith/10+15",
+        prompt="10+15=",
+        completions=("5+0+0=5,1+1+0=2>25",),
+        model_id="m",
+        sampling=SamplingParams(),
+        split="horizontal",
+    )
+
+
+def test_valid_delivered_hostile_rejected_then_blacklisted(tmp_path: Path) -> None:
+    honest_id, rogue_id = Identity.generate(), Identity.generate()
+
+    async def main() -> None:
+        async with GossipNode.open(GossipConfig(**FAST), honest_id.to_libp2p_keypair()) as a:
+            cfg_b = GossipConfig(bootstrap=tuple(a.listen_addrs()), **FAST)
+            async with GossipNode.open(cfg_b, rogue_id.to_libp2p_keypair()) as b, trio.open_nursery() as nursery:
+                validator = MessageValidator(RUN, ProtocolLimits(blacklist_after=3), ReplayGuard(64))
+                transport = Libp2pTransport(a, Signer(honest_id, RUN, NonceCounter(tmp_path / "a")), validator, RUN)
+                await transport.start(nursery)
+                await b.subscribe(rollout_topic(RUN))
+                await b.wait_for_mesh(rollout_topic(RUN), 1, timeout=30)
+                rogue = Signer(rogue_id, RUN, NonceCounter(tmp_path / "b"))
+
+                good = rogue.sign_rollout(rollout(rogue_id.peer_id))
+                await b.publish(rollout_topic(RUN), good)
+                with trio.fail_after(30):
+                    got = await transport.inbound().receive()
+                assert got.author == rogue_id.peer_id and got.completions == ("5+0+0=5,1+1+0=2>25",)
+
+                await b.publish(rollout_topic(RUN), good)  # a replay: rejected, but honest peers cause these too
+                forged = bytearray(rogue.sign_rollout(rollout(rogue_id.peer_id)))
+                forged[-70] ^= 0x01  # inside the body: the signature no longer matches
+                for bad in (b"\x00garbage", bytes(forged), b"\x93\x01\x02", b"\xc1"):
+                    await b.publish(rollout_topic(RUN), bad)
+                with trio.fail_after(30):
+                    while rogue_id.peer_id not in a.blacklisted():
+                        await trio.sleep(0.05)
+                stats = validator.statistics()
+                assert stats.rejected_by_reason["replay"] == 1
+                assert stats.rejected_by_reason["malformed"] >= 2
+                assert stats.rejected_by_peer[rogue_id.peer_id] >= 4
+                assert transport.inbound().statistics().current_buffer_used == 0  # nothing hostile delivered
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
