@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dgrpo.node.testnet import NetNode, start_testnet, stop_nodes, wait_rounds
+from dgrpo.node.testnet import NetNode, launch_node, start_testnet, stop_nodes, tcp_address, wait_rounds
 
 FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6", "checkpoint.every=1"]
 
@@ -92,6 +92,21 @@ def test_kill_and_resume(tmp_path: Path) -> None:
 
 def _trained_on_after(node: NetNode, author: str, after_round: int) -> bool:
     return any(row["round"] > after_round and author in row["authors"] for row in rounds_log(node))
+
+
+def test_late_joiner_starts_at_the_current_round(tmp_path: Path) -> None:
+    nodes = start_testnet(2, tmp_path, rounds=None, extra=FAST)
+    try:
+        wait_until(lambda: all(len(rounds_log(nd)) >= 3 for nd in nodes), 240, "three rounds")
+        network_round = max(rounds_log(nd)[-1]["round"] for nd in nodes)
+        late = launch_node(2, 3, tmp_path, None, [tcp_address(nodes[0])], extra=FAST)
+        nodes.append(late)
+        wait_until(lambda: len(rounds_log(late)) >= 1, 240, "the late joiner's first round")
+        first = rounds_log(late)[0]
+        assert first["round"] >= network_round, "a late joiner starts at the network's round, not at 1"
+        assert len(first["authors"]) >= 2  # and it already trains on the others' completions
+    finally:
+        stop_nodes(nodes)
 
 
 def test_python_dash_m_dgrpo_help() -> None:

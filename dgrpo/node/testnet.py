@@ -82,6 +82,46 @@ def wait_for_node_file(node: NetNode, timeout: float = 120.0) -> dict[str, Any]:
     raise DgrpoError(f"node {node.index} did not come up within {timeout}s; see {node.state_dir}/node.log")
 
 
+def launch_node(
+    index: int,
+    n: int,
+    out: Path,
+    rounds: int | None,
+    bootstrap: list[str],
+    run_id: str = "testnet",
+    mode: str = "homogeneous",
+    defense: list[str] | None = None,
+    extra: list[str] | None = None,
+    config: Path | None = None,
+) -> NetNode:
+    """Start daemon ``index`` of an ``n``-node testnet in ``out/node-<index>`` and wait until it listens."""
+    state = out / f"node-{index}"
+    state.mkdir(parents=True, exist_ok=True)
+    for stale in ("node.json", "status.json"):
+        (state / stale).unlink(missing_ok=True)
+    key = state / "identity.key"
+    identity = Identity.load(key) if key.exists() else Identity.generate()
+    if not key.exists():
+        identity.save(key)
+    cmd = [sys.executable, "-m", "dgrpo", "node", "run", "--state-dir", str(state)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    for item in node_overrides(index, n, rounds, run_id, mode, defense or [], extra or []):
+        cmd += ["--set", item]
+    if bootstrap:
+        cmd += ["--set", f"network.bootstrap={json.dumps(bootstrap)}"]
+    log = open(state / "node.log", "ab")  # noqa: SIM115 (kept open for the child's lifetime)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    node = NetNode(index, state, proc, identity.peer_id)
+    wait_for_node_file(node)
+    return node
+
+
+def tcp_address(node: NetNode) -> str:
+    info = read_node_file(node.state_dir) or {}
+    return next(str(a) for a in info.get("listen_addrs", []) if "/tcp/" in str(a))
+
+
 def start_testnet(
     n: int,
     out: Path,
@@ -96,29 +136,9 @@ def start_testnet(
         raise ConfigError("a testnet needs at least one node")
     out.mkdir(parents=True, exist_ok=True)
     nodes: list[NetNode] = []
-    bootstrap: list[str] = []
     for i in range(n):
-        state = out / f"node-{i}"
-        state.mkdir(parents=True, exist_ok=True)
-        for stale in ("node.json", "status.json"):
-            (state / stale).unlink(missing_ok=True)
-        key = state / "identity.key"
-        identity = Identity.load(key) if key.exists() else Identity.generate()
-        if not key.exists():
-            identity.save(key)
-        cmd = [sys.executable, "-m", "dgrpo", "node", "run", "--state-dir", str(state)]
-        if config is not None:
-            cmd += ["--config", str(config)]
-        for item in node_overrides(i, n, rounds, run_id, mode, defense or [], extra or []):
-            cmd += ["--set", item]
-        if bootstrap:
-            cmd += ["--set", f"network.bootstrap={json.dumps(bootstrap)}"]
-        log = open(state / "node.log", "ab")  # noqa: SIM115 (kept open for the child's lifetime)
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        node = NetNode(i, state, proc, identity.peer_id)
-        info = wait_for_node_file(node)
-        bootstrap.append(next(a for a in info["listen_addrs"] if "/tcp/" in a))
-        nodes.append(node)
+        bootstrap = [tcp_address(nd) for nd in nodes]
+        nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, extra, config))
     (out / "testnet.json").write_text(
         json.dumps({"pids": [nd.process.pid for nd in nodes], "peers": [nd.peer_id for nd in nodes]}, indent=2)
     )
