@@ -35,7 +35,6 @@ from dgrpo.node.settings import NodeSettings
 from dgrpo.node.status import NodeMetrics, StatusServer
 from dgrpo.protocol.envelope import HeartbeatBody, Signer
 from dgrpo.protocol.identity import Identity
-from dgrpo.protocol.limits import ProtocolLimits
 from dgrpo.protocol.nonce import NonceCounter
 from dgrpo.protocol.replay import ReplayGuard
 from dgrpo.protocol.validator import MessageValidator
@@ -69,10 +68,13 @@ class Daemon:
         self.identity = load_identity(settings)
         self.peer_id = self.identity.peer_id
         self.nonces = NonceCounter(settings.state_dir / "nonce.json")
-        self.replay_path = settings.state_dir / "replay.msgpack"
-        self.replay = ReplayGuard.load(self.replay_path) if self.replay_path.exists() else ReplayGuard(4096)
-        self.validator = MessageValidator(settings.run_id, ProtocolLimits(), self.replay)
-        self.signer = Signer(self.identity, settings.run_id, self.nonces)
+        self.replay_path = settings.state_dir / "replay.json"
+        limits = settings.protocol
+        self.replay = ReplayGuard.load_or_create(
+            self.replay_path, window=limits.replay_window, max_authors=limits.max_tracked_peers
+        )
+        self.validator = MessageValidator(settings.run_id, limits, self.replay)
+        self.signer = Signer(self.identity, settings.run_id, self.nonces, limits=limits)
         self.checkpoints = CheckpointManager(settings.checkpoint_folder, keep=settings.checkpoint.keep)
         self.learner = Learner(settings.model, settings.learner)
         task = get_task(settings.task.name, **settings.task.options)

@@ -22,6 +22,7 @@ from pydantic_settings import (
 from dgrpo.errors import ConfigError
 from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig
 from dgrpo.overrides import apply_overrides, explain_validation_error
+from dgrpo.protocol.limits import ProtocolLimits
 from dgrpo.protocol.messages import SamplingParams
 
 _TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("dgrpo_toml_file", default=None)
@@ -101,6 +102,7 @@ class NodeSettings(BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     status: StatusSettings = StatusSettings()
     defense: DefenseSettings = DefenseSettings()
+    protocol: ProtocolLimits = ProtocolLimits()
     torch_threads: Annotated[int, Field(ge=0, description="torch intra-op threads; 0: torch's default")] = 1
 
     @classmethod
