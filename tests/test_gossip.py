@@ -16,11 +16,19 @@ import pytest
 import trio
 import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
 
-from dgrpo.node.gossip import GossipConfig, GossipError, GossipMessage, GossipNode, MessageTooLargeError
+from dgrpo.node.gossip import (
+    GossipConfig,
+    GossipError,
+    GossipMessage,
+    GossipNode,
+    GossipTimeoutError,
+    MessageTooLargeError,
+)
 
 TOPIC = "rollouts"
-FAST_DIAL = {"bootstrap_backoff_initial": 0.05, "bootstrap_backoff_max": 0.2}
+FAST_DIAL = {"bootstrap_backoff_initial": 0.05, "bootstrap_backoff_max": 0.2, "shutdown_flush_timeout": 1.0}
 
 
 def config(**overrides: Any) -> GossipConfig:
@@ -41,6 +49,7 @@ async def chain() -> AsyncIterator[Chain]:
         a = await stack.enter_async_context(GossipNode.open(config(), create_new_key_pair()))
         b = await stack.enter_async_context(GossipNode.open(config(bootstrap=a.listen_addrs()), create_new_key_pair()))
         c = await stack.enter_async_context(GossipNode.open(config(bootstrap=b.listen_addrs()), create_new_key_pair()))
+        await b.wait_for_peers(2, timeout=10)
         inbox = {name: await node.subscribe(TOPIC) for name, node in zip("abc", (a, b, c), strict=True)}
         await a.wait_for_mesh(TOPIC, 1, timeout=10)
         await b.wait_for_mesh(TOPIC, 2, timeout=10)
@@ -53,11 +62,20 @@ def run(test: Callable[[], Awaitable[None]], limit: float = 30.0) -> None:
         with trio.fail_after(limit):
             await test()
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseExceptionGroup as group:  # a failed assert comes back wrapped in every nursery it crossed
+        raise _root_cause(group) from None
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    while isinstance(error, BaseExceptionGroup):
+        error = next((e for e in error.exceptions if not isinstance(e, trio.Cancelled)), error.exceptions[0])
+    return error
 
 
 async def quiescent() -> None:
-    """Every task in the process (all three nodes) is blocked: nothing is in flight any more."""
+    """Every task in the process (all three nodes) is blocked and no socket is readable: nothing is in flight."""
     await trio.testing.wait_all_tasks_blocked(cushion=0.01)
 
 
@@ -83,11 +101,16 @@ def test_config_rejects_inconsistent_values() -> None:
         GossipConfig(heartbeat=1.0)  # type: ignore[call-arg]
 
 
-def test_listen_addrs_carry_bound_port_and_peer_id() -> None:
+def test_lonely_node_reports_its_address_and_times_out_waiting() -> None:
     async def main() -> None:
         async with GossipNode.open(config(), create_new_key_pair()) as node:
             (addr,) = node.listen_addrs()
             assert re.fullmatch(rf"/ip4/127\.0\.0\.1/tcp/[1-9]\d*/p2p/{node.peer_id}", addr)
+            await node.subscribe(TOPIC)
+            with pytest.raises(GossipTimeoutError, match=f"no 1 mesh peers on '{TOPIC}' after 0.05 s"):
+                await node.wait_for_mesh(TOPIC, 1, timeout=0.05)
+            with pytest.raises(GossipError, match="already subscribed"):
+                await node.subscribe(TOPIC)
 
     run(main)
 
@@ -175,7 +198,9 @@ def test_blacklisted_peer_is_no_longer_heard() -> None:
             assert (await net.inbox["b"].receive()).data == b"before"
             await net.b.blacklist(net.c.peer_id)
             assert net.b.blacklisted() == {net.c.peer_id}
-            await net.c.publish(TOPIC, b"after")  # C keeps re-dialling B; B must ignore it
+            while net.b.peer_id not in net.c.connected_peers():  # C re-dials its bootstrap peer B
+                await trio.sleep(0.01)
+            await net.c.publish(TOPIC, b"after")
             await net.a.publish(TOPIC, b"from-a")
             assert (await net.inbox["b"].receive()).data == b"from-a"
             await quiescent()
@@ -191,10 +216,8 @@ def test_unreachable_bootstrap_backs_off_and_node_still_works(caplog: pytest.Log
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         dead_port = probe.getsockname()[1]
-    dead_peer = create_new_key_pair().public_key
-    from libp2p.peer.id import ID
-
-    dead = f"/ip4/127.0.0.1/tcp/{dead_port}/p2p/{ID.from_pubkey(dead_peer).to_base58()}"
+    dead_peer = ID.from_pubkey(create_new_key_pair().public_key).to_base58()
+    dead = f"/ip4/127.0.0.1/tcp/{dead_port}/p2p/{dead_peer}"
 
     async def main() -> None:
         async with (
@@ -240,4 +263,4 @@ def test_restarted_publisher_is_not_mistaken_for_a_replay() -> None:
                     await trio.sleep(0.01)
             assert seqnos[1] > seqnos[0]
 
-    run(main)
+    run(main, limit=15)
