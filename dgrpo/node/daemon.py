@@ -258,10 +258,24 @@ class Daemon:
             self._error(f"only {len(self.transport.peers())} of {s.min_peers} peers after {s.start_timeout_seconds}s")
         # Give peers one heartbeat period to announce their round, then join the most advanced one.
         await trio.sleep(min(s.heartbeat_seconds, 2.0) if s.min_peers else 0)
-        network_round = max((p.round for p in self.transport.peer_table() if p.status == "running"), default=0)
-        if network_round > self.round:
-            log.info("joining at the network's current round %d", network_round)
-            self.round = network_round
+        running = [p for p in self.transport.peer_table() if p.status == "running"]
+        network_round = max((p.round for p in running), default=0)
+        # A network that has completed rounds is under way; one whose peers are all still in their first
+        # round is starting together with us (they waited for us as min_peers, so we get their round 1).
+        if any(p.rounds_done > 0 for p in running) and network_round >= max(self.round, 1):
+            # The network's current round is under way: its rollouts went out before we were listening, so
+            # we join at the next one, which we will see whole.
+            log.info("joining at round %d (the network is in round %d)", network_round + 1, network_round)
+            self.round = network_round + 1
+
+    def expected_peers(self, round_idx: int) -> set[str]:
+        """Active peers whose rollouts for ``round_idx`` we should wait for: those at or behind it (they will
+        publish it), and those ahead of it that have already sent some of it. A peer that joined after this
+        round began never publishes it and is not waited for."""
+        assert self.transport is not None
+        table = {p.peer_id: p for p in self.transport.peer_table()}
+        sent = self.inbox.authors(round_idx)
+        return {p for p in self.transport.peers() if table[p].round <= round_idx or p in sent}
 
     async def _rounds(self) -> None:
         assert self.transport is not None
@@ -271,7 +285,7 @@ class Daemon:
         self.round = max(self.round, 1)
         while s.max_rounds is None or self.rounds_done < s.max_rounds:
             t0 = time.perf_counter()
-            expected = self.transport.peers()
+            expected = self.expected_peers(self.round)
             report = await run_round(self.node, self.transport, self.inbox, self.round, expected, s.deadline_seconds)
             self._after_round(report)
             self._log_round(report, time.perf_counter() - t0, expected)
