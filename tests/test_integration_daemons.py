@@ -66,6 +66,18 @@ def test_kill_and_resume(tmp_path: Path) -> None:
         last_ckpt_round = int(checkpoints[-1].stem.split("-")[1])
         assert last_ckpt_round >= done_before - 1  # at most the round in flight is lost
 
+        # A peer that vanished mid-round does not stall the others: they close rounds at the deadline.
+        wait_until(
+            lambda: all(
+                any(
+                    row["round"] > killed_at_round + 1 and victim.peer_id not in row["authors"]
+                    for row in rounds_log(nd)
+                )
+                for nd in nodes[:2]
+            ),
+            120,
+            "the others to complete a round without the dead peer",
+        )
         (victim.state_dir / "node.json").unlink()
         cmd = victim.process.args
         assert isinstance(cmd, list)
