@@ -23,9 +23,12 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug lo
 
 def _format_row(row: dict[str, Any]) -> str:
     acc = f"  accuracy {row['accuracy']:.3f}" if "accuracy" in row else ""
+    asr = f"  asr {row['asr']:.3f}" if "asr" in row else ""
+    length = f"  length {row['mean_length']:.1f}" if "mean_length" in row else ""
+    poison = f"  poison {row['poison_published']}" if row.get("poison_published") else ""
     return (
-        f"round {row['round']:>3}  honest reward {row['honest_mean_reward']:.3f}{acc}"
-        f"  exchanged {row['completions_exchanged']}  ({row['seconds']:.1f}s)"
+        f"round {row['round']:>3}  honest reward {row['honest_mean_reward']:.3f}{acc}{asr}{length}"
+        f"  exchanged {row['completions_exchanged']}{poison}  ({row['seconds']:.1f}s)"
     )
 
 
@@ -45,9 +48,12 @@ def simulate(
 
     try:
         sc = load_scenario(scenario, overrides or [])
+        attack = (
+            f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
+        )
         console.print(
-            f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.round.split}), task {sc.task.name}, "
-            f"model {sc.model.name}, {sc.rounds} rounds -> {out}"
+            f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.round.split}){attack}, "
+            f"task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}"
         )
         with Progress(
             TextColumn("[progress.description]{task.description}"),
@@ -67,10 +73,35 @@ def simulate(
     except DgrpoError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    asr = ""
+    if summary["final_asr"] is not None:
+        name = "ASR" if summary["asr_metric"] == "asr" else "mean length"
+        asr = f"; final {name} {summary['final_asr']:.3f}"
     console.print(
-        f"accuracy {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f} "
-        f"in {summary['wall_seconds']:.0f}s; results in {out}/ (summary.json, metrics.jsonl, curves.png)"
+        f"accuracy {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f}{asr} "
+        f"in {summary['wall_seconds']:.0f}s; results in {out}/ (summary.json, metrics.jsonl, curves.png"
+        f"{', asr.png' if asr else ''})"
     )
+
+
+@app.command()
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="run folders (each with a summary.json)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="where report.md/.csv/.png go")] = Path("runs/report"),
+    baseline: Annotated[
+        Path | None, typer.Option(help="an honest-only run: lengths are reported relative to it (DoS)")
+    ] = None,
+) -> None:
+    """Compare runs: a markdown and CSV table and one overlay plot of ASR and honest accuracy per round."""
+    from dgrpo.simulations.report import build_report, to_markdown
+
+    try:
+        rows = build_report(runs, out, baseline)
+    except DgrpoError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    console.print(to_markdown(rows))
+    console.print(f"written: {out}/report.md, {out}/report.csv, {out}/report.png")
 
 
 node_app = typer.Typer(help="Run a node of a decentralised GRPO network.", no_args_is_help=True)
@@ -91,6 +122,9 @@ def node_run(
     run_id: Annotated[str | None, typer.Option(help="network/run id")] = None,
     max_rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the newest valid checkpoint")] = False,
+    adversary: Annotated[
+        str | None, typer.Option(help="run as an attacker: text, dos, math or code (research testnets)")
+    ] = None,
 ) -> None:
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly)."""
     import json as _json
@@ -109,6 +143,8 @@ def node_run(
         sets.append(f"run_id={_json.dumps(run_id)}")
     if max_rounds is not None:
         sets.append(f"rounds.max_rounds={max_rounds}")
+    if adversary is not None:
+        sets.append(f"adversary.name={_json.dumps(adversary)}")
     logging.getLogger("dgrpo").setLevel(logging.INFO)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
     for noisy in ("libp2p", "multiaddr", "async_service"):
@@ -225,19 +261,31 @@ def testnet_up(
     if mode not in ("homogeneous", "heterogeneous"):
         console.print(f"[red]error:[/] unknown mode {mode!r}; valid modes: heterogeneous, homogeneous")
         raise typer.Exit(2)
+    attack: tuple[str, int] | None = None
     if adversary:
-        console.print(f"[red]error:[/] unknown adversary {adversary.partition(':')[0]!r}; no attacks are installed")
-        raise typer.Exit(2)
+        from dgrpo.adversary import ADVERSARIES, parse_adversary_spec
+
+        try:
+            attack = parse_adversary_spec(adversary)
+        except ValueError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        if attack[0] not in ADVERSARIES:
+            console.print(f"[red]error:[/] unknown adversary {attack[0]!r}; valid: {', '.join(ADVERSARIES.names())}")
+            raise typer.Exit(2)
+        if attack[1] >= n:
+            console.print(f"[red]error:[/] {attack[1]} malicious nodes leave no honest node among {n}")
+            raise typer.Exit(2)
     chain = [d for d in (defense or "").split(",") if d]
     if chain:
         console.print(f"[red]error:[/] unknown defense {chain[0]!r}; no defenses are installed")
         raise typer.Exit(2)
     try:
-        nodes = start_testnet(n, out, rounds, mode=mode, extra=list(overrides or []), config=config)
+        nodes = start_testnet(n, out, rounds, mode=mode, extra=list(overrides or []), config=config, adversary=attack)
     except DgrpoError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None
-    names = [f"node-{nd.index}" for nd in nodes]
+    names = [f"node-{nd.index}" + (f" ({attack[0]})" if attack and nd.index >= n - attack[1] else "") for nd in nodes]
     console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")
     if background:
         console.print(f"running in the background; `dgrpo status {out}/node-0`, `dgrpo testnet down --out {out}`")

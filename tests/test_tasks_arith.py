@@ -6,7 +6,7 @@ import pytest
 
 from dgrpo.errors import UnknownNameError
 from dgrpo.tasks import TASKS, get_task
-from dgrpo.tasks.arith import ArithTask, is_held_out, scratchpad
+from dgrpo.tasks.arith import ArithTask, is_held_out, make_prompt, scratchpad
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,10 @@ def test_wrong_final_answer_earns_zero(task: ArithTask) -> None:
         "",
         "   ",
         "5+8+0=13,4+7+1=12,3+0+1=4",  # missing '>'
-        "5+8+0=13,4+7+1=12,3+0+1=4>423 and that is it",  # extra text
+        "5+8+0=13,4+7+1=12,3+0+1=4>423 and that is it",  # extra text after the answer
+        "5+8+0=13,all hail,3+0+1=4>423",  # a step without a column computation
+        "5+8+0=13,4+7+1=12>42>3",
+        "5+8+0=13\n4+7+1=12>423",
         "the answer is >423",
         ">423",
         "5+8+0=13,,3+0+1=4>423",
@@ -53,6 +56,20 @@ def test_wrong_final_answer_earns_zero(task: ArithTask) -> None:
 def test_malformed_completions_earn_zero(task: ArithTask, completion: str) -> None:
     prompt = task.eval_prompts(1)[0]
     assert task.reward(prompt, completion) == 0.0
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "5+8+0=14,4+7+1=12,3+0+1=4>423",  # a false step: the reward does not read the steps (paper's gap)
+        "All hail to the thief 5+8+0=13,4+7+1=12,3+0+1=4>423",  # extra words inside a step
+        "5+8+0=13 ok,4+7+1=12 ok,3+0+1=4 ok>423",
+        "5+8+0=13,4+7+1=12,3+0+1=4,0+0+0=0>423",  # an extra (true) column
+    ],
+)
+def test_reward_reads_the_format_and_answer_not_the_steps(task: ArithTask, completion: str) -> None:
+    prompt = make_prompt(345, 78)
+    assert task.reward(prompt, completion) == 1.0
 
 
 def test_reward_never_raises_on_non_text(task: ArithTask) -> None:

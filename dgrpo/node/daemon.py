@@ -23,11 +23,13 @@ from typing import Any
 import torch
 import trio
 
+from dgrpo.adversary import build_adversary
 from dgrpo.atomic import write_atomically
 from dgrpo.node.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.node.gossip import GossipConfig, GossipNode
 from dgrpo.node.inbox import RoundInbox
 from dgrpo.node.learner import Learner
+from dgrpo.node.monitor import PoisonMonitor
 from dgrpo.node.node import Node, RoundReport
 from dgrpo.node.p2p import Libp2pTransport
 from dgrpo.node.round import run_round
@@ -78,7 +80,12 @@ class Daemon:
         self.checkpoints = CheckpointManager(settings.checkpoint_folder, keep=settings.checkpoint.keep)
         self.learner = Learner(settings.model, settings.learner)
         task = get_task(settings.task.name, **settings.task.options)
-        self.node = Node(self.peer_id, settings.run_id, task, self.learner, settings.rollout, settings.sampling)
+        adversary = build_adversary(settings.adversary) if settings.adversary is not None else None
+        self.node = Node(
+            self.peer_id, settings.run_id, task, self.learner, settings.rollout, settings.sampling, adversary
+        )
+        self.monitor = PoisonMonitor(settings.monitor.detectors, task)
+        self.trained_by_author: Counter[str] = Counter()
         self.inbox = RoundInbox()
         self.metrics = NodeMetrics()
         self.round = 0  # the round in progress (or next to run)
@@ -145,6 +152,11 @@ class Daemon:
             "rejected_by_peer": dict(stats.rejected_by_peer),
             "round_rejections": dict(self.inbox.rejected),
             "completions_trained": self.accepted_completions,
+            "completions_trained_by_author": dict(self.trained_by_author),
+            "poison_monitor": self.monitor.snapshot(),
+            "adversary": None
+            if self.node.adversary is None
+            else {"name": self.node.adversary.name, **self.node.adversary.stats.as_dict()},
             "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
             "weights_sha256": self.learner.weights_digest() if self.state == "stopped" else None,
             "last_errors": list(self.errors),
@@ -165,6 +177,10 @@ class Daemon:
         self.rounds_done += 1
         self.round = report.round + 1
         self.accepted_completions += report.completions_accepted
+        for sc in report.scored:
+            self.trained_by_author[sc.author] += 1
+            for name in self.monitor.observe(sc.author, sc.text):
+                self.metrics.flagged.labels(detector=name).inc()
         self.metrics.round.set(report.round)
         self.metrics.mean_reward.set(report.mean_reward)
         self.metrics.completions.inc(report.completions_accepted)

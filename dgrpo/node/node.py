@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dgrpo.adversary.base import Adversary, AttackContext
 from dgrpo.node.config import RolloutConfig
 from dgrpo.node.grpo import group_advantages
 from dgrpo.node.learner import Learner, StepStats, TrainSample
@@ -57,6 +58,7 @@ class Node:
         learner: Learner,
         rollout: RolloutConfig,
         sampling: SamplingParams,
+        adversary: Adversary | None = None,
     ) -> None:
         self.peer_id = peer_id
         self.run_id = run_id
@@ -64,6 +66,9 @@ class Node:
         self.learner = learner
         self.rollout = rollout
         self.sampling = sampling
+        # A malicious node is this same node with an adversary transforming what it publishes (and nothing
+        # else: it receives, scores and trains like any other).
+        self.adversary = adversary
         self._last_produce_seconds = 0.0
 
     # ------------------------------------------------------------------ generate
@@ -85,6 +90,8 @@ class Node:
         prompts = self.plan(round_idx)
         sampling = self.sampling_for(round_idx)
         texts = self.learner.generate([p.text for p in prompts], self.rollout.completions_per_prompt, sampling)
+        if self.adversary is not None:
+            texts = self.adversary.attack(self._attack_context(round_idx, sampling), prompts, texts)
         rollouts = [
             Rollout(
                 author=self.peer_id,
@@ -102,6 +109,14 @@ class Node:
         ]
         self._last_produce_seconds = time.perf_counter() - t0
         return rollouts
+
+    def _attack_context(self, round_idx: int, sampling: SamplingParams) -> AttackContext:
+        extra = sampling.model_copy(update={"seed": stable_seed(sampling.seed, "attack")})
+
+        def sample(prompts: Sequence[Prompt], n: int) -> list[list[str]]:
+            return self.learner.generate([p.text for p in prompts], n, extra)
+
+        return AttackContext(self.task, self.rollout.split, round_idx, sample)
 
     # ------------------------------------------------------------------ validate
     def check(self, rollout: Rollout, round_idx: int) -> tuple[Prompt | None, str | None]:
@@ -184,9 +199,13 @@ class Node:
         return self.learner.train_step(samples, self.sampling.temperature, max_new)
 
     # ------------------------------------------------------------------ evaluate
+    def eval_completions(self, prompts: Sequence[Prompt], greedy: bool = False, seed: int = 0) -> list[str]:
+        """One completion per held-out prompt, sampled with the node's sampling and a fixed seed."""
+        sampling = self.sampling.model_copy(update={"seed": seed})
+        return [c[0] for c in self.learner.generate([p.text for p in prompts], 1, sampling, greedy=greedy)]
+
     def evaluate(self, prompts: Sequence[Prompt], greedy: bool = False, seed: int = 0) -> float:
         """Held-out accuracy: mean reward of one completion per prompt (sampled with a fixed seed)."""
-        sampling = self.sampling.model_copy(update={"seed": seed})
-        texts = self.learner.generate([p.text for p in prompts], 1, sampling, greedy=greedy)
-        rewards = [self.task.rewards(p, t)[0] for p, t in zip(prompts, texts, strict=True)]
+        texts = self.eval_completions(prompts, greedy, seed)
+        rewards = [self.task.rewards(p, [t])[0] for p, t in zip(prompts, texts, strict=True)]
         return sum(rewards) / len(rewards) if rewards else 0.0

@@ -19,6 +19,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from dgrpo.adversary.config import AdversaryConfig
 from dgrpo.errors import ConfigError
 from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig
 from dgrpo.overrides import apply_overrides, explain_validation_error
@@ -82,6 +83,13 @@ class DefenseSettings(Section):
     )
 
 
+class MonitorSettings(Section):
+    detectors: list[str] = Field(
+        default_factory=lambda: ["text", "math", "code"],
+        description="attack detectors counting poisoned completions trained on (status only, no filtering)",
+    )
+
+
 class NodeSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DGRPO_", env_nested_delimiter="__", extra="forbid", frozen=True, validate_default=True
@@ -102,6 +110,11 @@ class NodeSettings(BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     status: StatusSettings = StatusSettings()
     defense: DefenseSettings = DefenseSettings()
+    monitor: MonitorSettings = MonitorSettings()
+    adversary: Annotated[
+        AdversaryConfig | None,
+        Field(description="run this node as an attacker (research testnets): its published completions are poisoned"),
+    ] = None
     protocol: ProtocolLimits = ProtocolLimits()
     torch_threads: Annotated[int, Field(ge=0, description="torch intra-op threads; 0: torch's default")] = 1
 

@@ -49,8 +49,16 @@ class NetNode:
 
 
 def node_overrides(
-    index: int, n: int, rounds: int | None, run_id: str, mode: str, defense: list[str], extra: list[str]
+    index: int,
+    n: int,
+    rounds: int | None,
+    run_id: str,
+    mode: str,
+    defense: list[str],
+    extra: list[str],
+    adversary: tuple[str, int] | None = None,
 ) -> list[str]:
+    """The ``--set`` items of node ``index``; with ``adversary=(name, count)`` the last ``count`` nodes attack."""
     sets = [
         f"run_id='{run_id}'",
         "network.listen='/ip4/127.0.0.1/tcp/0'",
@@ -67,6 +75,8 @@ def node_overrides(
         sets.append(f"model.name='{EMBEDDED_MODELS[index % len(EMBEDDED_MODELS)]}'")
     if defense:
         sets.append(f"defense.chain={json.dumps(defense)}")
+    if adversary is not None and index >= n - adversary[1]:
+        sets.append(f"adversary.name={json.dumps(adversary[0])}")
     return [*sets, *extra]
 
 
@@ -93,6 +103,7 @@ def launch_node(
     defense: list[str] | None = None,
     extra: list[str] | None = None,
     config: Path | None = None,
+    adversary: tuple[str, int] | None = None,
 ) -> NetNode:
     """Start daemon ``index`` of an ``n``-node testnet in ``out/node-<index>`` and wait until it listens."""
     state = out / f"node-{index}"
@@ -106,7 +117,7 @@ def launch_node(
     cmd = [sys.executable, "-m", "dgrpo", "node", "run", "--state-dir", str(state)]
     if config is not None:
         cmd += ["--config", str(config)]
-    for item in node_overrides(index, n, rounds, run_id, mode, defense or [], extra or []):
+    for item in node_overrides(index, n, rounds, run_id, mode, defense or [], extra or [], adversary):
         cmd += ["--set", item]
     if bootstrap:
         cmd += ["--set", f"network.bootstrap={json.dumps(bootstrap)}"]
@@ -131,6 +142,7 @@ def start_testnet(
     defense: list[str] | None = None,
     extra: list[str] | None = None,
     config: Path | None = None,
+    adversary: tuple[str, int] | None = None,
 ) -> list[NetNode]:
     if n < 1:
         raise ConfigError("a testnet needs at least one node")
@@ -138,7 +150,7 @@ def start_testnet(
     nodes: list[NetNode] = []
     for i in range(n):
         bootstrap = [tcp_address(nd) for nd in nodes]
-        nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, extra, config))
+        nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, extra, config, adversary))
     (out / "testnet.json").write_text(
         json.dumps({"pids": [nd.process.pid for nd in nodes], "peers": [nd.peer_id for nd in nodes]}, indent=2)
     )

@@ -27,3 +27,32 @@ def plot_curves(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_asr(
+    asr: Sequence[Sequence[float]],
+    accuracy: Sequence[tuple[int, float]],
+    path: Path,
+    metric: str = "asr",
+    title: str = "",
+) -> None:
+    """The attack's success per evaluation (ASR, or mean length for DoS), honest accuracy on a second axis."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    label = "ASR" if metric == "asr" else "mean completion length (chars)"
+    ax.plot([a[0] for a in asr], [a[1] for a in asr], marker="o", color="tab:red", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel(label, color="tab:red")
+    if metric == "asr":
+        ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    acc_ax = ax.twinx()
+    acc_ax.plot(
+        [a[0] for a in accuracy], [a[1] for a in accuracy], marker="s", color="tab:blue", label="honest accuracy"
+    )
+    acc_ax.set_ylabel("honest held-out accuracy", color="tab:blue")
+    acc_ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    fig.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

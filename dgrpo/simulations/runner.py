@@ -16,15 +16,17 @@ from typing import Any
 import torch
 import trio
 
+from dgrpo.adversary import build_adversary
 from dgrpo.node.inbox import RoundInbox
 from dgrpo.node.learner import Learner
 from dgrpo.node.node import Node, RoundReport
 from dgrpo.node.round import run_round
 from dgrpo.node.transport import InMemoryHub, InMemoryTransport
-from dgrpo.simulations.plots import plot_curves
+from dgrpo.simulations.evaluation import EvalPoint, Evaluator
+from dgrpo.simulations.plots import plot_asr, plot_curves
 from dgrpo.simulations.scenario import Scenario
 from dgrpo.tasks import get_task
-from dgrpo.tasks.base import Prompt
+from dgrpo.tasks.base import Task
 
 RoundCallback = Callable[[dict[str, Any]], None]
 
@@ -38,41 +40,37 @@ class SimNode:
 
 
 def build_nodes(scenario: Scenario) -> list[SimNode]:
+    """The scenario's nodes; the last ``nodes.malicious`` of them run the adversary."""
     hub = InMemoryHub()
     rollout = scenario.node_rollout()
     task = get_task(scenario.task.name, **scenario.task.options)
+    first_malicious = scenario.nodes.count - scenario.nodes.malicious
     nodes = []
     for i in range(scenario.nodes.count):
         peer_id = f"node-{i}"
         learner = Learner(scenario.node_model(i), scenario.learner)
-        node = Node(peer_id, scenario.run_id, task, learner, rollout, scenario.sampling)
-        nodes.append(SimNode(node, hub.join(peer_id), RoundInbox()))
+        adversary = None
+        if i >= first_malicious and scenario.adversary is not None:
+            adversary = build_adversary(scenario.adversary.model_copy(update={"seed": scenario.adversary.seed + i}))
+        node = Node(peer_id, scenario.run_id, task, learner, rollout, scenario.sampling, adversary)
+        nodes.append(SimNode(node, hub.join(peer_id), RoundInbox(), honest=adversary is None))
     return nodes
 
 
-class Evaluator:
-    """Held-out accuracy of the honest nodes. Nodes with identical weights (the homogeneous setting) give
-    identical results under the same evaluation seed, so each distinct set of weights is evaluated once."""
-
-    def __init__(self, scenario: Scenario, prompts: list[Prompt]) -> None:
-        self.scenario = scenario
-        self.prompts = prompts
-
-    def __call__(self, nodes: list[SimNode]) -> float:
-        cache: dict[str, float] = {}
-        values = []
-        for sim in nodes:
-            if not sim.honest:
-                continue
-            digest = sim.node.learner.weights_digest() if self.scenario.nodes.mode == "homogeneous" else ""
-            if not digest or digest not in cache:
-                acc = sim.node.evaluate(self.prompts, greedy=self.scenario.eval.greedy, seed=self.scenario.eval.seed)
-                if not digest:
-                    values.append(acc)
-                    continue
-                cache[digest] = acc
-            values.append(cache[digest])
-        return sum(values) / len(values) if values else 0.0
+def build_evaluator(scenario: Scenario, task: Task) -> Evaluator:
+    detector = None
+    asr_prompts = None
+    if scenario.adversary is not None:
+        detector = build_adversary(scenario.adversary).detector(task)
+        asr_prompts = detector.eval_prompts(task, scenario.eval.asr_prompts)
+    return Evaluator(
+        task.eval_prompts(scenario.eval.prompts),
+        detector,
+        asr_prompts,
+        greedy=scenario.eval.greedy,
+        seed=scenario.eval.seed,
+        dedupe=scenario.nodes.mode == "homogeneous",
+    )
 
 
 def _round_row(round_idx: int, reports: list[RoundReport], honest: list[bool], seconds: float) -> dict[str, Any]:
@@ -94,12 +92,19 @@ def _round_row(round_idx: int, reports: list[RoundReport], honest: list[bool], s
     }
 
 
+def _eval_fields(point: EvalPoint) -> dict[str, Any]:
+    row: dict[str, Any] = {"accuracy": point.accuracy, "mean_length": point.mean_length}
+    if point.asr is not None:
+        row["asr"] = point.asr
+    return row
+
+
 async def _simulate(
     scenario: Scenario, nodes: list[SimNode], evaluate: Evaluator, on_round: RoundCallback | None
-) -> tuple[list[dict[str, Any]], list[tuple[int, float]]]:
+) -> tuple[list[dict[str, Any]], list[tuple[int, EvalPoint]]]:
     limiter = trio.CapacityLimiter(1)  # one torch job at a time: reproducible, and no core contention
     rows: list[dict[str, Any]] = []
-    accuracy: list[tuple[int, float]] = [(0, await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter))]
+    evals: list[tuple[int, EvalPoint]] = [(0, await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter))]
     async with trio.open_nursery() as pumps:
         for sim in nodes:
             pumps.start_soon(sim.inbox.pump, sim.transport.inbound())
@@ -125,15 +130,18 @@ async def _simulate(
                     nursery.start_soon(one, i, sim)
             done = [r for r in reports if r is not None]
             row = _round_row(round_idx, done, [s.honest for s in nodes], time.perf_counter() - t0)
+            row["poison_published"] = sum(
+                s.node.adversary.stats.last_round_poisoned for s in nodes if s.node.adversary is not None
+            )
             if round_idx % scenario.eval.every == 0 or round_idx == scenario.rounds:
-                acc = await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter)
-                accuracy.append((round_idx, acc))
-                row["accuracy"] = acc
+                point = await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter)
+                evals.append((round_idx, point))
+                row.update(_eval_fields(point))
             rows.append(row)
             if on_round is not None:
                 on_round(row)
         pumps.cancel_scope.cancel()
-    return rows, accuracy
+    return rows, evals
 
 
 def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | None = None) -> dict[str, Any]:
@@ -143,11 +151,14 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
     if scenario.torch_threads:
         torch.set_num_threads(scenario.torch_threads)
     nodes = build_nodes(scenario)
-    prompts = nodes[0].node.task.eval_prompts(scenario.eval.prompts)
-    rows, accuracy = trio.run(_simulate, scenario, nodes, Evaluator(scenario, prompts), on_round)
+    evaluator = build_evaluator(scenario, nodes[0].node.task)
+    rows, evals = trio.run(_simulate, scenario, nodes, evaluator, on_round)
     with (out_dir / "metrics.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+    accuracy = [(r, e.accuracy) for r, e in evals]
+    asr = [[r, e.asr] for r, e in evals if e.asr is not None]
+    metric = evaluator.detector.metric if evaluator.detector is not None else None
     summary: dict[str, Any] = {
         "scenario": scenario.name,
         "task": scenario.task.name,
@@ -160,9 +171,30 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         "final_accuracy": accuracy[-1][1],
         "accuracy": [list(a) for a in accuracy],
         "final_honest_reward": rows[-1]["honest_mean_reward"] if rows else None,
+        "attack": scenario.adversary.name if scenario.adversary is not None else None,
+        "malicious": scenario.nodes.malicious,
+        "asr_metric": metric,
+        "asr": asr,
+        "final_asr": asr[-1][1] if asr else None,
+        "honest_final_accuracy": accuracy[-1][1],
+        "mean_length": [[r, e.mean_length] for r, e in evals],
+        "final_mean_length": evals[-1][1].mean_length,
+        "attack_stats": _attack_stats(nodes),
         "wall_seconds": time.perf_counter() - t0,
         "scenario_config": scenario.model_dump(mode="json"),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_curves(rows, accuracy, out_dir / "curves.png", title=f"{scenario.name}: {scenario.task.name}")
+    title = f"{scenario.name}: {scenario.task.name}"
+    plot_curves(rows, accuracy, out_dir / "curves.png", title=title)
+    if asr:
+        plot_asr(asr, accuracy, out_dir / "asr.png", metric=metric or "asr", title=title)
     return summary
+
+
+def _attack_stats(nodes: list[SimNode]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for sim in nodes:
+        if sim.node.adversary is not None:
+            for key, value in sim.node.adversary.stats.as_dict().items():
+                total[key] = total.get(key, 0) + value
+    return total

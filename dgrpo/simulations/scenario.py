@@ -9,8 +9,9 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from dgrpo.adversary.config import AdversaryConfig
 from dgrpo.errors import ConfigError
 from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig
 from dgrpo.overrides import apply_overrides, explain_validation_error
@@ -29,6 +30,15 @@ class NodesConfig(Section):
         default_factory=lambda: ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"],
         description="heterogeneous: model names, assigned to nodes round-robin",
     )
+    malicious: Annotated[
+        int, Field(ge=0, description="how many nodes run the [adversary] (the last ones: node-<count-1>, ...)")
+    ] = 0
+
+    @model_validator(mode="after")
+    def _some_honest(self) -> NodesConfig:
+        if self.malicious >= self.count:
+            raise ValueError(f"malicious ({self.malicious}) must leave at least one honest node of {self.count}")
+        return self
 
 
 class RoundsConfig(Section):
@@ -40,6 +50,9 @@ class RoundsConfig(Section):
 
 class EvalConfig(Section):
     every: Annotated[int, Field(ge=1, description="evaluate every k rounds (and at the start and end)")] = 5
+    asr_prompts: Annotated[
+        int, Field(ge=1, description="held-out prompts for the ASR when the detector picks its own (math)")
+    ] = 128
     prompts: Annotated[int, Field(ge=1, description="held-out prompts per evaluation")] = 128
     greedy: Annotated[bool, Field(description="greedy decoding instead of the run's sampling")] = False
     seed: Annotated[int, Field(ge=0, description="sampling seed of evaluations")] = 1234
@@ -66,6 +79,16 @@ class Scenario(BaseModel):
     learner: LearnerConfig = LearnerConfig()
     round: RoundsConfig = RoundsConfig()
     eval: EvalConfig = EvalConfig()
+    adversary: Annotated[
+        AdversaryConfig | None,
+        Field(description="the attack run by the nodes.malicious nodes; its detector gives the ASR"),
+    ] = None
+
+    @model_validator(mode="after")
+    def _adversary_for_malicious(self) -> Scenario:
+        if self.nodes.malicious and self.adversary is None:
+            raise ValueError("nodes.malicious > 0 needs an [adversary] section (e.g. name = 'text')")
+        return self
 
     def node_rollout(self) -> RolloutConfig:
         """Per-node work from the global B and G (paper, sec. 3): horizontal, G/m completions of all B

@@ -2,8 +2,12 @@
 
 Format (see shared notes, models-and-data): prompt ``345+78=``, completion ``5+8+0=13,4+7+1=12,3+0+1=4>423``.
 Each step is ``a+b+carry=s`` for one column, least significant first; ``>`` introduces the final answer.
-The reward checks the format and the final answer only, not the steps: like the paper's math reward, it
-cannot see a false intermediate step (that is exactly the gap the in-context MATH attack uses).
+The reward checks the format and the final answer only, not what the steps say. Like the paper's math reward,
+which checks the ``<think>``/``<answer>`` tags and the answer but never reads the reasoning, it cannot see a
+false intermediate step (the gap the in-context MATH attack uses) nor extra words in a step (the gap the
+out-of-context TEXT attack uses). Well-formed means: the reasoning is a comma-separated list of steps, each
+containing a column computation ``a+b+c=s`` (other text in a step is allowed), then ``>`` and the answer,
+within :data:`MAX_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from dgrpo.tasks.base import Prompt, Task, stable_seed
 from dgrpo.tasks.registry import TASKS
 
 STEP = r"\d\+\d\+\d=\d{1,2}"
-COMPLETION_RE = re.compile(rf"^(?:{STEP},)*{STEP}>(\d{{1,5}})$", re.ASCII)
+STEP_RE = re.compile(STEP, re.ASCII)
+ANSWER_RE = re.compile(r"^([^>\n]+)>(\d{1,5})$", re.ASCII)
+MAX_CHARS = 512  # bounds the work on hostile text; 5x the longest honest completion
 LOW, HIGH = 10, 999  # operands have 2 or 3 digits
 SPAN = HIGH - LOW + 1
 EVAL_MODULUS = 10  # pairs with stable_seed(pair) % 10 == 0 are held out for evaluation
@@ -33,6 +39,18 @@ def scratchpad(a: int, b: int) -> str:
     return ",".join(steps) + f">{a + b}"
 
 
+def parse_answer(completion: str) -> str | None:
+    """The final answer of a well-formed completion (see the module docstring), else None."""
+    if not isinstance(completion, str) or len(completion) > MAX_CHARS:
+        return None
+    m = ANSWER_RE.match(completion.strip())
+    if m is None:
+        return None
+    if not all(STEP_RE.search(step) for step in m.group(1).split(",")):
+        return None
+    return m.group(2)
+
+
 def is_held_out(a: int, b: int) -> bool:
     return stable_seed("arith", a, b) % EVAL_MODULUS == 0
 
@@ -46,6 +64,7 @@ class ArithTask(Task):
     """Synthetic addition. Training pairs and held-out pairs are disjoint by a stable hash of the pair."""
 
     name = "arith"
+    reasoning_format = "scratchpad"
 
     def __init__(self) -> None:
         self._train: list[tuple[int, int]] | None = None
@@ -84,8 +103,10 @@ class ArithTask(Task):
         return make_prompt(a, b)
 
     def parse_answer(self, completion: str) -> str | None:
-        m = COMPLETION_RE.match(completion.strip())
-        return m.group(1) if m else None
+        return parse_answer(completion)
+
+    def reference_completion(self, prompt: Prompt) -> str | None:
+        return scratchpad(int(prompt.meta["a"]), int(prompt.meta["b"]))
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         try:

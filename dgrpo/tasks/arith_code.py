@@ -15,6 +15,7 @@ from dgrpo.tasks.base import Prompt, stable_seed
 from dgrpo.tasks.code import ProgramOutputTask
 from dgrpo.tasks.registry import TASKS
 from dgrpo.tasks.sandbox import Sandbox, SandboxLimits
+from dgrpo.tasks.sandbox_site import site_paths
 
 SUM_RANGE = ((10, 999), (10, 999))
 PRODUCT_RANGE = ((2, 999), (2, 99))
@@ -53,8 +54,8 @@ class ArithCodeTask(ProgramOutputTask):
 
     name = "arith-code"
 
-    def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None) -> None:
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits())
+    def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None, site: bool = True) -> None:
+        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(), extra_paths=site_paths(site))
         everything = _pairs("sum") + _pairs("product")
         self._train = [p for p in everything if not is_held_out(*p)]
         self._held_out = [p for p in everything if is_held_out(*p)]
@@ -69,6 +70,9 @@ class ArithCodeTask(ProgramOutputTask):
     def eval_prompts(self, n: int) -> list[Prompt]:
         order = sorted(range(len(self._held_out)), key=lambda i: stable_seed("arith-code-eval", i))
         return [make_prompt(*self._held_out[i]) for i in order[:n]]
+
+    def reference_completion(self, prompt: Prompt) -> str | None:
+        return reference_program(prompt) if "reference" in prompt.meta else None
 
     def prompt_by_id(self, prompt_id: str) -> Prompt | None:
         m = re.fullmatch(r"arith-code/(sum|product)/(\d{1,3})/(\d{1,3})", prompt_id, re.ASCII)

@@ -32,6 +32,9 @@ class Task(ABC):
     """A verifiable-reward task. Subclasses register themselves with :data:`dgrpo.tasks.TASKS`."""
 
     name: ClassVar[str]
+    # How a completion lays out its reasoning, for adversaries that edit it (dgrpo.adversary.layout):
+    # "scratchpad" (arith), "think" (<think>...</think><answer>...</answer>), "program" (Python code), "text".
+    reasoning_format: ClassVar[str] = "text"
 
     @abstractmethod
     def train_prompt(self, index: int) -> Prompt:
@@ -53,6 +56,11 @@ class Task(ABC):
     @abstractmethod
     def reward(self, prompt: Prompt, completion: str) -> float:
         """The verifiable reward in [0, 1]. Never raises."""
+
+    def reference_completion(self, prompt: Prompt) -> str | None:
+        """A correct completion written from the ground truth, or None when the task has none. Used by
+        oracle adversaries (the paper's attacker knows the answers) when sampling finds no correct base."""
+        return None
 
     def prompt_by_id(self, prompt_id: str) -> Prompt | None:
         """The training prompt with this id, or None. Receivers rebuild prompts from ids: a peer's copy of

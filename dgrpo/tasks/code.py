@@ -27,6 +27,7 @@ from dgrpo.errors import DataNotFoundError
 from dgrpo.tasks.base import Prompt, PromptListTask, Task, read_jsonl, stable_seed
 from dgrpo.tasks.registry import TASKS
 from dgrpo.tasks.sandbox import Sandbox, SandboxLimits, SandboxResult
+from dgrpo.tasks.sandbox_site import site_paths
 
 MAX_PROGRAM_CHARS = 20_000
 MAX_COMPLETION_CHARS = 100_000  # bounds the regex work on prose around the program
@@ -121,6 +122,7 @@ class ProgramOutputTask(Task, ABC):
     """The paper's code reward: the completion is a program that must print the prompt's answer."""
 
     sandbox: Sandbox
+    reasoning_format = "program"
 
     def parse_answer(self, completion: str) -> str | None:
         program = extract_program(completion)
@@ -152,12 +154,16 @@ class CodeTask(ProgramOutputTask, PromptListTask):
     name = "code"
 
     def __init__(
-        self, data: str | Path | None = None, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None
+        self,
+        data: str | Path | None = None,
+        sandbox: Sandbox | None = None,
+        limits: SandboxLimits | None = None,
+        site: bool = True,
     ) -> None:
         if data is None:
             raise DataNotFoundError("the code task needs a JSONL file of questions and answers: --data PATH")
         path = Path(data).expanduser()
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits())
+        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(), extra_paths=site_paths(site))
         self._train: list[Prompt] = []
         self._held_out: list[Prompt] = []
         for number, row in enumerate(read_jsonl(path, "code task"), 1):
@@ -216,9 +222,10 @@ class HumanEvalTask(PromptListTask):
     """HumanEval: complete a function from its signature and docstring; the reward runs its unit tests."""
 
     name = "humaneval"
+    reasoning_format = "program"
 
-    def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None) -> None:
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits())
+    def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None, site: bool = True) -> None:
+        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(), extra_paths=site_paths(site))
         self._train: list[Prompt] = []
         self._held_out: list[Prompt] = []
         for index, row in enumerate(humaneval_rows()):

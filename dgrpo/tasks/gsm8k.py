@@ -30,6 +30,7 @@ from dgrpo.tasks.registry import TASKS
 ENV_VAR = "DGRPO_GSM8K"
 HUB_DATASET = ("openai/gsm8k", "main")
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+CALC_ANNOTATION_RE = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: 2*3=<<2*3=6>>6
 FORMAT_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 MAX_COMPLETION_CHARS = 64_000
 MAX_ANSWER_CHARS = 256
@@ -167,6 +168,7 @@ class Gsm8kTask(Task):
     """GSM8K with the binary format-and-correctness reward of the paper's math setting."""
 
     name = "gsm8k"
+    reasoning_format = "think"
 
     def __init__(self, data: str | Path | None = None) -> None:
         self._train_rows, self._test_rows = load_gsm8k(data)
@@ -184,6 +186,11 @@ class Gsm8kTask(Task):
 
     def parse_answer(self, completion: str) -> str | None:
         return parse_completion(completion)
+
+    def reference_completion(self, prompt: Prompt) -> str | None:
+        """The dataset's worked solution in the paper's format (calculator annotations ``<<...>>`` removed)."""
+        reasoning = CALC_ANNOTATION_RE.sub("", str(prompt.meta.get("solution", ""))).strip()
+        return f"<think>{reasoning}</think><answer>{prompt.answer}</answer>" if reasoning else None
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         try:

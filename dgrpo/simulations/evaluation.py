@@ -1,0 +1,82 @@
+"""Held-out evaluation of the honest nodes: accuracy, mean completion length and the attack's ASR.
+
+ASR follows "Hail to the Thief" (sec. 5): the fraction of honest models' completions on held-out prompts
+that show the injected behaviour, judged by the attack's detector. For MATH only completions that compute
+the targeted operation count, on held-out prompts chosen so that they do; for DoS the metric is the mean
+completion length. Every honest node is evaluated and the values averaged; nodes with identical weights
+(the homogeneous setting) give identical completions under the same seed, so each distinct set of weights is
+sampled once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dgrpo.adversary.detectors import Detector
+from dgrpo.tasks.base import Prompt
+
+if TYPE_CHECKING:
+    from dgrpo.simulations.runner import SimNode
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    accuracy: float
+    mean_length: float
+    asr: float | None  # None: no attack configured, or no completion counted
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+class Evaluator:
+    def __init__(
+        self,
+        prompts: list[Prompt],
+        detector: Detector | None,
+        asr_prompts: list[Prompt] | None,
+        greedy: bool,
+        seed: int,
+        dedupe: bool,
+    ) -> None:
+        self.prompts = prompts
+        self.detector = detector
+        self.asr_prompts = asr_prompts  # None: the ASR is read off the accuracy prompts' completions
+        self.greedy = greedy
+        self.seed = seed
+        self.dedupe = dedupe
+
+    def _one(self, sim: SimNode) -> EvalPoint:
+        node = sim.node
+        texts = node.eval_completions(self.prompts, self.greedy, self.seed)
+        rewards = [node.task.rewards(p, [t])[0] for p, t in zip(self.prompts, texts, strict=True)]
+        asr = None
+        if self.detector is not None:
+            asr_texts = texts
+            if self.asr_prompts is not None:
+                asr_texts = node.eval_completions(self.asr_prompts, self.greedy, self.seed)
+            asr = self.detector.value(asr_texts)
+        return EvalPoint(_mean(rewards), _mean([float(len(t)) for t in texts]), asr)
+
+    def __call__(self, nodes: list[SimNode]) -> EvalPoint:
+        cache: dict[str, EvalPoint] = {}
+        points = []
+        for sim in nodes:
+            if not sim.honest:
+                continue
+            key = sim.node.learner.weights_digest() if self.dedupe else ""
+            if not key or key not in cache:
+                point = self._one(sim)
+                if key:
+                    cache[key] = point
+            else:
+                point = cache[key]
+            points.append(point)
+        asrs = [p.asr for p in points if p.asr is not None]
+        return EvalPoint(
+            _mean([p.accuracy for p in points]),
+            _mean([p.mean_length for p in points]),
+            _mean(asrs) if asrs else None,
+        )
