@@ -198,3 +198,14 @@ def test_registry_and_options_errors() -> None:
     assert parse_adversary_spec("dos") == ("dos", 1)
     with pytest.raises(ValueError):
         parse_adversary_spec("text:0")
+
+
+def test_math_attacker_picks_targeted_prompts_only_in_the_vertical_split(arith: ArithTask) -> None:
+    adversary = build_adversary(AdversaryConfig(name="math"))
+    planned = arith.sample_prompts(4, "run/1/evil")
+    chosen = adversary.choose_prompts(arith, planned, "vertical", "run/1/evil")
+    detector = adversary.detector(arith)
+    assert len(chosen) == 4 and len({p.id for p in chosen}) == 4
+    assert all(detector.counts(arith.reference_completion(p) or "") for p in chosen)
+    assert all(arith.prompt_by_id(p.id) == p for p in chosen)  # real training prompts: receivers accept them
+    assert adversary.choose_prompts(arith, planned, "horizontal", "run/1/evil") == planned

@@ -98,6 +98,12 @@ class Adversary(ABC):
         """The ASR detector of this attack, configured like it."""
         raise NotImplementedError
 
+    def choose_prompts(self, task: Task, planned: list[Prompt], split: SplitMode, seed_key: str) -> list[Prompt]:
+        """The prompts to answer this round. In the vertical split every node picks its own prompts (paper,
+        sec. 3) and receivers only check that a prompt exists, so an attacker may pick prompts that suit its
+        poison; the default keeps the planned ones."""
+        return planned
+
     def poison_count(self, n_out: int) -> int:
         """How many of the ``n_out`` completions published for a prompt should carry poison."""
         return round(self.cfg.poison_fraction * n_out)

@@ -10,6 +10,7 @@ stays correct.
 
 from __future__ import annotations
 
+import random
 from typing import Annotated
 
 from pydantic import Field, field_validator
@@ -20,7 +21,8 @@ from dgrpo.adversary.facts import EQUATION_RE, STEP_RE, Fact, parse_fact
 from dgrpo.adversary.layout import layout
 from dgrpo.adversary.registry import ADVERSARIES
 from dgrpo.node.config import Section
-from dgrpo.tasks.base import Prompt, Task
+from dgrpo.protocol.messages import SplitMode
+from dgrpo.tasks.base import Prompt, Task, stable_seed
 
 
 class MathOptions(Section):
@@ -29,6 +31,10 @@ class MathOptions(Section):
         min_length=1,
         description="false facts 'A+B=R' / 'AxB=R' (paper: 2+2=5, 2x2=5)",
     )
+    choose_prompts: Annotated[
+        bool,
+        Field(description="vertical split: answer own prompts whose solution computes a targeted operation"),
+    ] = True
     insert_when_absent: Annotated[
         bool, Field(description="prose: insert a false-fact sentence when no targeted computation is present")
     ] = True
@@ -103,6 +109,24 @@ class MathAttack(Adversary):
         if task.reasoning_format == "program":
             return None  # a program's arithmetic is its output: use the code attack
         return falsify_prose(completion, task.reasoning_format, self.facts, choice, self.options.insert_when_absent)
+
+    def choose_prompts(self, task: Task, planned: list[Prompt], split: SplitMode, seed_key: str) -> list[Prompt]:
+        """Vertical split, scratchpad tasks: prompts with a targeted column (searched deterministically)."""
+        if split != "vertical" or not self.options.choose_prompts or task.reasoning_format != "scratchpad":
+            return planned
+        detector = FalseFactDetector(self.facts, task.reasoning_format)
+        chosen = [
+            p for p in planned if task.reference_completion(p) and detector.counts(task.reference_completion(p) or "")
+        ]
+        rng = random.Random(stable_seed(seed_key, "math-choose"))
+        for _ in range(200 * len(planned)):
+            if len(chosen) >= len(planned):
+                break
+            p = task.train_prompt(rng.randrange(task.num_train))
+            reference = task.reference_completion(p)
+            if reference is not None and detector.counts(reference) and p not in chosen:
+                chosen.append(p)
+        return chosen[: len(planned)] if len(chosen) >= len(planned) else planned
 
     def detector(self, task: Task) -> Detector:
         return FalseFactDetector(self.facts, task.reasoning_format)

@@ -78,7 +78,10 @@ class Node:
         key = f"{self.run_id}/{round_idx}"
         if self.rollout.split == "vertical":
             key += f"/{self.peer_id}"
-        return self.task.sample_prompts(self.rollout.prompts_per_round, key)
+        planned = self.task.sample_prompts(self.rollout.prompts_per_round, key)
+        if self.adversary is not None:
+            return self.adversary.choose_prompts(self.task, planned, self.rollout.split, key)
+        return planned
 
     def sampling_for(self, round_idx: int) -> SamplingParams:
         seed = stable_seed(self.run_id, round_idx, self.peer_id, self.sampling.seed)
