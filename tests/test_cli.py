@@ -62,3 +62,28 @@ def test_bad_input_gets_clear_errors(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "deadline_seconds" in r.output
     r = runner.invoke(app, ["testnet", "down", "--out", str(tmp_path)])
     assert r.exit_code == 2 and "no testnet" in r.output
+
+
+def test_testnet_adversary_spec_errors_are_clear(tmp_path: Path) -> None:
+    out = str(tmp_path / "net")
+    bad_name = runner.invoke(app, ["testnet", "up", "-n", "3", "--out", out, "--adversary", "nope:1"])
+    assert bad_name.exit_code == 2
+    assert "unknown adversary 'nope'" in bad_name.output and "text" in bad_name.output
+    too_many = runner.invoke(app, ["testnet", "up", "-n", "2", "--out", out, "--adversary", "text:2"])
+    assert too_many.exit_code == 2 and "no honest node" in too_many.output
+    bad_count = runner.invoke(app, ["testnet", "up", "-n", "3", "--out", out, "--adversary", "text:x"])
+    assert bad_count.exit_code == 2 and "COUNT" in bad_count.output
+    assert not (tmp_path / "net").exists()  # nothing was started
+
+
+def test_report_command_prints_and_writes_the_table(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = {"scenario": "s", "attack": "text", "asr_metric": "asr", "asr": [[0, 0.0], [5, 0.5]], "final_asr": 0.5}
+    (run / "summary.json").write_text(json.dumps(summary))
+    result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    assert "| s | text |" in result.output
+    assert (tmp_path / "rep" / "report.csv").exists() and (tmp_path / "rep" / "report.png").exists()
+    missing = runner.invoke(app, ["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2")])
+    assert missing.exit_code == 2 and "summary.json" in missing.output

@@ -1,0 +1,38 @@
+"""Attack simulations: a malicious node runs the same round code; its poison reaches the honest learners, and
+the run records the ASR next to honest accuracy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dgrpo.simulations.runner import run_simulation
+from dgrpo.simulations.scenario import load_scenario
+
+SMALL = ["nodes.count=2", "rounds=2", "eval.every=1", "eval.prompts=16", "eval.asr_prompts=16"]
+
+
+def test_math_vertical_attack_run_records_asr_and_poison(tmp_path: Path) -> None:
+    sc = load_scenario(Path("math-vertical"), [*SMALL, "round.prompts_per_round=4"])
+    summary = run_simulation(sc, tmp_path)
+    assert summary["attack"] == "math" and summary["malicious"] == 1
+    assert summary["asr_metric"] == "asr"
+    assert [r for r, _ in summary["asr"]] == [0, 1, 2]
+    assert all(0.0 <= v <= 1.0 for _, v in summary["asr"])
+    assert summary["final_asr"] == summary["asr"][-1][1]
+    assert summary["honest_final_accuracy"] == summary["accuracy"][-1][1]
+    # The attacker chose prompts with a 2+2 column and poisoned half of each of its groups, gibberish the rest.
+    stats = summary["attack_stats"]
+    assert stats["poisoned"] == 2 * 2 * 4 and stats["filled_gibberish"] == 2 * 2 * 4
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["poison_published"] for r in rows] == [8, 8]
+    # The honest node accepted everything: the attacker's 16 completions are among the 32 it trained on.
+    assert all(r["completions_accepted"] == 2 * 32 for r in rows)
+    assert (tmp_path / "asr.png").stat().st_size > 1000
+
+
+def test_dos_metric_is_mean_length(tmp_path: Path) -> None:
+    sc = load_scenario(Path("dos-horizontal"), [*SMALL, "round.prompts_per_round=2", "adversary.options.samples=4"])
+    summary = run_simulation(sc, tmp_path)
+    assert summary["asr_metric"] == "mean_length"
+    assert summary["final_asr"] == summary["final_mean_length"] > 5
