@@ -83,7 +83,7 @@ def test_report_command_prints_and_writes_the_table(tmp_path: Path) -> None:
     (run / "summary.json").write_text(json.dumps(summary))
     result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
-    assert "| s | text |" in result.output
+    assert "| run | text |" in result.output
     assert (tmp_path / "rep" / "report.csv").exists() and (tmp_path / "rep" / "report.png").exists()
     missing = runner.invoke(app, ["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2")])
     assert missing.exit_code == 2 and "summary.json" in missing.output

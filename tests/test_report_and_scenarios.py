@@ -52,6 +52,7 @@ def _summary(tmp: Path, name: str, attack: str | None, asr: list[list[float]], l
     run.mkdir()
     data = {
         "scenario": name,
+        "task": "arith",
         "attack": attack,
         "split": "horizontal",
         "malicious": 1 if attack else 0,

@@ -56,9 +56,10 @@ def table_rows(summaries: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
     for s in summaries:
         asr = [v for _, v in s.get("asr") or []]
         length = s.get("final_mean_length")
+        comparable = baseline is not None and s.get("task") == baseline.get("task")
         rows.append(
             {
-                "run": s.get("scenario") or Path(s["_dir"]).name,
+                "run": Path(s["_dir"]).name,
                 "attack": s.get("attack") or "none",
                 "split": s.get("split"),
                 "malicious": s.get("malicious", 0),
@@ -69,7 +70,7 @@ def table_rows(summaries: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
                 "initial_accuracy": s.get("initial_accuracy"),
                 "honest_final_accuracy": s.get("honest_final_accuracy", s.get("final_accuracy")),
                 "final_mean_length": length,
-                "length_vs_baseline": (length / base_len) if length is not None and base_len else None,
+                "length_vs_baseline": (length / base_len) if comparable and length is not None and base_len else None,
                 "wall_seconds": s.get("wall_seconds"),
             }
         )
@@ -109,7 +110,7 @@ def overlay_plot(summaries: Sequence[dict[str, Any]], path: Path) -> None:
         acc_ax = ax.twinx()
         for i, s in enumerate(group):
             color = f"C{i % 10}"
-            label = s.get("scenario") or Path(s["_dir"]).name
+            label = Path(s["_dir"]).name
             if s.get("asr"):
                 ax.plot([a[0] for a in s["asr"]], [a[1] for a in s["asr"]], marker="o", color=color, label=label)
             acc = s.get("accuracy") or []
