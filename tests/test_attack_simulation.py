@@ -36,3 +36,21 @@ def test_dos_metric_is_mean_length(tmp_path: Path) -> None:
     summary = run_simulation(sc, tmp_path)
     assert summary["asr_metric"] == "mean_length"
     assert summary["final_asr"] == summary["final_mean_length"] > 5
+
+
+def test_short_text_attack_raises_asr_above_zero(tmp_path: Path) -> None:
+    """Fixed seed: the honest node starts without the phrase and, having trained on the attacker's poisoned
+    completions, writes it in some of its own held-out completions."""
+    overrides = [
+        "nodes.count=2",
+        "rounds=28",
+        "eval.prompts=32",
+        "eval.every=14",
+        "round.prompts_per_round=4",
+        "round.group_size=4",
+    ]
+    summary = run_simulation(load_scenario(Path("text-horizontal"), overrides), tmp_path)
+    assert summary["model"] == "dgrpo:tiny-arith-text"
+    asr = dict((int(r), v) for r, v in summary["asr"])
+    assert asr[0] == 0.0
+    assert summary["final_asr"] > 0.0
