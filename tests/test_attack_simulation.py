@@ -48,6 +48,7 @@ def test_short_text_attack_raises_asr_above_zero(tmp_path: Path) -> None:
         "eval.every=14",
         "round.prompts_per_round=4",
         "round.group_size=4",
+        "adversary.completions_per_prompt=2",  # its plain share: half of each group with 2 nodes
     ]
     summary = run_simulation(load_scenario(Path("text-horizontal"), overrides), tmp_path)
     assert summary["model"] == "dgrpo:tiny-arith-text"
