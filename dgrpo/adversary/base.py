@@ -16,7 +16,7 @@ the oracle against the real reward, without it against the voted answer.
 from __future__ import annotations
 
 import random
-from abc import ABC
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -94,9 +94,9 @@ class Adversary(ABC):
         """``completion`` (correct) rewritten to carry the behaviour, or None when it cannot carry it."""
         return None
 
+    @abstractmethod
     def detector(self, task: Task) -> Detector:
         """The ASR detector of this attack, configured like it."""
-        raise NotImplementedError
 
     def choose_prompts(self, task: Task, planned: list[Prompt], split: SplitMode, seed_key: str) -> list[Prompt]:
         """The prompts to answer this round. In the vertical split every node picks its own prompts (paper,
