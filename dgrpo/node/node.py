@@ -206,9 +206,3 @@ class Node:
         """One completion per held-out prompt, sampled with the node's sampling and a fixed seed."""
         sampling = self.sampling.model_copy(update={"seed": seed})
         return [c[0] for c in self.learner.generate([p.text for p in prompts], 1, sampling, greedy=greedy)]
-
-    def evaluate(self, prompts: Sequence[Prompt], greedy: bool = False, seed: int = 0) -> float:
-        """Held-out accuracy: mean reward of one completion per prompt (sampled with a fixed seed)."""
-        texts = self.eval_completions(prompts, greedy, seed)
-        rewards = [self.task.rewards(p, [t])[0] for p, t in zip(prompts, texts, strict=True)]
-        return sum(rewards) / len(rewards) if rewards else 0.0
