@@ -261,8 +261,8 @@ def parse_ratio(text: str) -> tuple[float, float]:
     return ra, rc
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Output, architecture and optimiser flags shared with ``build_tiny_model_v2.py``."""
     p.add_argument("--out", type=Path, required=True, help="output folder (overwritten)")
     p.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2")
     p.add_argument("--seed", type=int, default=0)
@@ -272,6 +272,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-steps", type=int, default=20, help="linear warm-up, then constant lr")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--mix", type=parse_ratio, default=(2.0, 1.0), help="arith:arith-code batch share")
     p.add_argument(

@@ -148,15 +148,7 @@ def tail_commented(rng: random.Random, completion: str, capital: float = 0.0) ->
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--arch", choices=["qwen2", "llama"], default="qwen2")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--intermediate", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup-steps", type=int, default=20)
+    v1.add_model_args(p)
     p.add_argument("--english", type=float, default=0.25, help="plain-text share of each batch")
     p.add_argument("--comment", type=float, default=0.1, help="share of arith completions with words in a step")
     p.add_argument(
