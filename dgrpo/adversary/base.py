@@ -7,8 +7,8 @@ scoring and training, is the honest code path: the threat model of "Hail to the 
 colluding nodes that publish crafted completions, knowing the reward function and the ground truth (or a
 surrogate: the no-oracle majority vote).
 
-Per prompt the attacker publishes ``completions_per_prompt`` completions (its normal share by default):
-``poison_fraction`` of them poisoned, the rest filled with its own honest samples or zero-reward
+Per prompt the attacker publishes ``completions_per_prompt`` completions (its normal share by default;
+prompts that cannot carry poison always get the normal share): ``poison_fraction`` of them poisoned, the rest filled with its own honest samples or zero-reward
 gibberish (the paper's vertical setting). A poisoned completion is always checked to keep its reward: with
 the oracle against the real reward, without it against the voted answer.
 """
@@ -129,6 +129,10 @@ class Adversary(ABC):
         pool = own + extra
         target = self.target_answer(ctx.task, prompt, pool)
         poisoned = self.poison_group(ctx, prompt, pool, target, n_poison) if n_poison and target is not None else []
+        if not poisoned:
+            # Nothing to amplify (e.g. no 2+2 column for the MATH attack): publish the normal share, as an
+            # honest node would; over-publishing only pays where it carries poison.
+            n_out, n_poison = len(own), min(n_poison, len(own))
         self.stats.unpoisonable += n_poison - len(poisoned)
         self.stats.poisoned += len(poisoned)
         self.stats.last_round_poisoned += len(poisoned)

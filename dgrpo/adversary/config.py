@@ -42,7 +42,11 @@ class AdversaryConfig(Section):
     ] = "auto"
     completions_per_prompt: Annotated[
         int | None,
-        Field(ge=1, description="completions published per prompt; None: the node's normal share"),
+        Field(
+            ge=1,
+            description="completions published per prompt that carries poison (over-publishing: the protocol "
+            "does not bound an author's count per prompt); None, and prompts without poison: the normal share",
+        ),
     ] = None
     seed: Annotated[int, Field(ge=0, description="seed of the attack's own random choices")] = 0
     options: Annotated[dict[str, Any], Field(description="attack-specific options (see each attack)")] = Field(

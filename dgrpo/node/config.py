@@ -68,6 +68,14 @@ class RolloutConfig(Section):
     ] = "horizontal"
     prompts_per_round: Annotated[int, Field(ge=1, description="prompts this node answers per round")] = 8
     completions_per_prompt: Annotated[int, Field(ge=1, description="completions per prompt per node")] = 2
+    sampler: Annotated[
+        Literal["multinomial", "seeded"],
+        Field(
+            description="multinomial: transformers' sampling from the node's seed; seeded: the verifiable seeded "
+            "sampler (each completion's seed derived from run, round, author, prompt and index; needed by the "
+            "sampling-proof defense; docs/protocol.md)"
+        ),
+    ] = "multinomial"
     max_completions_per_message: Annotated[int, Field(ge=1, description="limit on received rollouts")] = 64
     max_completion_chars: Annotated[int, Field(ge=1, description="limit on a received completion")] = 16384
 

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
 
 from dgrpo.node.config import LearnerConfig, ModelConfig
 from dgrpo.node.grpo import per_token_loss, reduce_loss, token_logprobs
 from dgrpo.node.models import LoadedModel, load_model
+from dgrpo.node.sampler import SeededGumbelProcessor
 from dgrpo.protocol.messages import SamplingParams
 
 # Generation seeds torch's global RNG; several learners in one process (a simulation) must not interleave
@@ -116,10 +117,18 @@ class Learner:
         sampling: SamplingParams,
         greedy: bool = False,
         batch_rows: int = 64,
+        seeds: Sequence[Sequence[int]] | None = None,
     ) -> list[list[str]]:
-        """``n`` completions for each prompt, sampled with exactly ``sampling`` (seeded)."""
+        """``n`` completions for each prompt, sampled with exactly ``sampling`` (seeded).
+
+        With ``seeds`` (``n`` per prompt) every completion is drawn by the seeded sampler
+        (:mod:`dgrpo.node.sampler`) from its own seed, so that a peer holding the same weights can check it;
+        otherwise by transformers' multinomial sampling from ``sampling.seed``.
+        """
         encoded = [self.encode_prompt(p) for p in prompts]
-        rows = [(i, ids) for i, ids in enumerate(encoded) for _ in range(n)]
+        if seeds is not None and (len(seeds) != len(prompts) or any(len(s) != n for s in seeds)):
+            raise ValueError("seeds: expected n seeds for each prompt")
+        rows = [(i, ids, seeds[i][j] if seeds is not None else 0) for i, ids in enumerate(encoded) for j in range(n)]
         out: list[list[str]] = [[] for _ in prompts]
         gen_cfg = GenerationConfig(
             do_sample=not greedy,
@@ -136,12 +145,27 @@ class Learner:
             torch.manual_seed(sampling.seed)
             for start in range(0, len(rows), batch_rows):
                 chunk = rows[start : start + batch_rows]
-                input_ids, attention = self._left_pad([ids for _, ids in chunk])
+                input_ids, attention = self._left_pad([ids for _, ids, _ in chunk])
+                extra: dict[str, Any] = {}
+                cfg = gen_cfg
+                if seeds is not None and not greedy:
+                    # The seeded sampler is greedy decoding over logits that leave one token finite.
+                    cfg = GenerationConfig(
+                        **{**gen_cfg.to_dict(), "do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+                    )
+                    processor = SeededGumbelProcessor(
+                        [seed for _, _, seed in chunk],
+                        input_ids.shape[1],
+                        sampling.temperature,
+                        sampling.top_k,
+                        sampling.top_p,
+                    )
+                    extra["logits_processor"] = LogitsProcessorList([processor])
                 generated = self.model.generate(
-                    input_ids=input_ids, attention_mask=attention, generation_config=gen_cfg
+                    input_ids=input_ids, attention_mask=attention, generation_config=cfg, **extra
                 )
                 new_tokens = generated[:, input_ids.shape[1] :].tolist()
-                for (prompt_index, _), ids in zip(chunk, new_tokens, strict=True):
+                for (prompt_index, _, _), ids in zip(chunk, new_tokens, strict=True):
                     out[prompt_index].append(self._decode(ids))
         self.model.train(was_training)
         return out

@@ -11,11 +11,16 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dgrpo.adversary.base import Adversary, AttackContext
+from dgrpo.defense.base import Candidate, DefenseContext, Verdict
+from dgrpo.defense.chain import DefenseChain
+from dgrpo.defense.reputation import Reputation
 from dgrpo.node.config import RolloutConfig
 from dgrpo.node.grpo import group_advantages
 from dgrpo.node.learner import Learner, StepStats, TrainSample
+from dgrpo.node.sampler import completion_seed
 from dgrpo.protocol.messages import Rollout, SamplingParams
 from dgrpo.tasks.base import Prompt, Task, stable_seed
 
@@ -26,6 +31,17 @@ class ScoredCompletion:
     prompt: Prompt
     text: str
     reward: float
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A peer's completion after the defense chain (simulations measure stop and false-positive rates)."""
+
+    author: str
+    prompt_id: str
+    text: str
+    accepted: bool
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,13 @@ class RoundReport:
     produce_seconds: float
     consume_seconds: float
     scored: tuple[ScoredCompletion, ...] = field(repr=False, default=())
+    # The defense chain (completion counts; ``rejected`` above counts whole messages):
+    defense_rejected: dict[str, int] = field(default_factory=dict)  # by reason
+    defense_checked_by_author: dict[str, int] = field(default_factory=dict)
+    defense_rejected_by_author: dict[str, int] = field(default_factory=dict)
+    defense_seconds: dict[str, float] = field(default_factory=dict)  # by defense
+    blacklisted_now: tuple[str, ...] = ()
+    checked: tuple[Checked, ...] = field(repr=False, default=())
 
 
 class Node:
@@ -59,6 +82,8 @@ class Node:
         rollout: RolloutConfig,
         sampling: SamplingParams,
         adversary: Adversary | None = None,
+        defense: DefenseChain | None = None,
+        reputation: Reputation | None = None,
     ) -> None:
         self.peer_id = peer_id
         self.run_id = run_id
@@ -69,6 +94,10 @@ class Node:
         # A malicious node is this same node with an adversary transforming what it publishes (and nothing
         # else: it receives, scores and trains like any other).
         self.adversary = adversary
+        # Filters between receive and learn (paper, sec. 6), and the policy that blacklists peers they keep
+        # rejecting. Our own completions are not checked: a node trusts its own sampling.
+        self.defense = defense
+        self.reputation = reputation
         self._last_produce_seconds = 0.0
 
     # ------------------------------------------------------------------ generate
@@ -92,7 +121,13 @@ class Node:
         t0 = time.perf_counter()
         prompts = self.plan(round_idx)
         sampling = self.sampling_for(round_idx)
-        texts = self.learner.generate([p.text for p in prompts], self.rollout.completions_per_prompt, sampling)
+        n = self.rollout.completions_per_prompt
+        seeds = None
+        if self.rollout.sampler == "seeded":
+            seeds = [
+                [completion_seed(self.run_id, round_idx, self.peer_id, p.id, j) for j in range(n)] for p in prompts
+            ]
+        texts = self.learner.generate([p.text for p in prompts], n, sampling, seeds=seeds)
         if self.adversary is not None:
             texts = self.adversary.attack(self._attack_context(round_idx, sampling), prompts, texts)
         rollouts = [
@@ -141,16 +176,20 @@ class Node:
 
     # ------------------------------------------------------------------ learn
     def consume(self, round_idx: int, rollouts: Sequence[Rollout]) -> RoundReport:
-        """Validate, score every completion ourselves, compute group advantages and update the model."""
+        """Validate, run the defense chain, score every accepted completion ourselves, compute group
+        advantages and update the model."""
         t0 = time.perf_counter()
         rejected: Counter[str] = Counter()
         # A canonical order: nodes holding the same weights and receiving the same strings make the same update.
         ordered = sorted(rollouts, key=lambda r: (r.prompt_id, r.author, r.part))
-        scored: list[ScoredCompletion] = []
+        valid: list[tuple[Rollout, Prompt]] = []
         seen: set[tuple[str, int]] = set()
         received = 0
         for r in ordered:
             received += len(r.completions)
+            if self.reputation is not None and r.author != self.peer_id and self.reputation.is_blacklisted(r.author):
+                rejected["blacklisted"] += 1
+                continue
             if (r.author, r.part) in seen:
                 rejected["duplicate_part"] += 1
                 continue
@@ -159,10 +198,24 @@ class Node:
             if prompt is None:
                 rejected[reason or "invalid"] += 1
                 continue
-            rewards = self.task.rewards(prompt, r.completions)
+            valid.append((r, prompt))
+        verdicts, defense = self._defend(round_idx, valid)
+        scored: list[ScoredCompletion] = []
+        checked: list[Checked] = []
+        for r, prompt in valid:
+            kept = [(text, verdicts.get((id(r), i))) for i, text in enumerate(r.completions)]
+            if r.author != self.peer_id and self.defense is not None:
+                checked.extend(
+                    Checked(r.author, prompt.id, text, v is None or v.accept, "" if v is None else v.reason)
+                    for text, v in kept
+                )
+            kept = [(text, v) for text, v in kept if v is None or v.accept]
+            if not kept:
+                continue
+            rewards = self.task.rewards(prompt, [text for text, _ in kept])
             scored.extend(
-                ScoredCompletion(r.author, prompt, text, reward)
-                for text, reward in zip(r.completions, rewards, strict=True)
+                ScoredCompletion(r.author, prompt, text, reward * (v.reward_scale if v is not None else 1.0))
+                for (text, v), reward in zip(kept, rewards, strict=True)
             )
         step = self._update(scored)
         own = [s.reward for s in scored if s.author == self.peer_id]
@@ -180,7 +233,48 @@ class Node:
             produce_seconds=self._last_produce_seconds,
             consume_seconds=time.perf_counter() - t0,
             scored=tuple(scored),
+            checked=tuple(checked),
+            **defense,
         )
+
+    def _defend(
+        self, round_idx: int, valid: Sequence[tuple[Rollout, Prompt]]
+    ) -> tuple[dict[tuple[int, int], Verdict], dict[str, Any]]:
+        """The chain's verdict on every peer completion (keyed by (id(rollout), index)), the per-author
+        counts, and the reputation update (who is blacklisted from now on)."""
+        if self.defense is None:
+            return {}, {}
+        keys: list[tuple[int, int]] = []
+        candidates: list[Candidate] = []
+        for r, prompt in valid:
+            if r.author == self.peer_id:
+                continue
+            for i, text in enumerate(r.completions):
+                keys.append((id(r), i))
+                candidates.append(Candidate(r.author, prompt, text, i, r.sampling, r.model_id))
+        ctx = DefenseContext(self.task, self.learner, self.sampling, self.run_id, round_idx)
+        result = self.defense.run(ctx, candidates)
+        by_reason: Counter[str] = Counter()
+        checked_by: Counter[str] = Counter()
+        rejected_by: Counter[str] = Counter()
+        for c, v in zip(candidates, result.verdicts, strict=True):
+            checked_by[c.author] += 1
+            if not v.accept:
+                by_reason[v.reason] += 1
+                rejected_by[c.author] += 1
+        new_blacklisted: list[str] = []
+        if self.reputation is not None:
+            for author, n in checked_by.items():
+                self.reputation.record(round_idx, author, n, rejected_by[author])
+            new_blacklisted = self.reputation.update(round_idx)
+        counts = {
+            "defense_rejected": dict(by_reason),
+            "defense_checked_by_author": dict(checked_by),
+            "defense_rejected_by_author": dict(rejected_by),
+            "defense_seconds": dict(result.seconds),
+            "blacklisted_now": tuple(new_blacklisted),
+        }
+        return dict(zip(keys, result.verdicts, strict=True)), counts
 
     def _update(self, scored: Sequence[ScoredCompletion]) -> StepStats | None:
         if not scored:

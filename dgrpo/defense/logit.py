@@ -1,0 +1,79 @@
+"""``logit``: the paper's logit check for homogeneous networks ("Hail to the Thief", sec. 6.1).
+
+One forward pass of the local model over each received completion; the completion is rejected if ANY of its
+tokens lies outside the local model's top-k at its position, k being the run's sampling k (and outside the
+top-p nucleus when the run samples with top-p < 1). The paper finds that this stops TEXT and CODE (injected
+tokens are far outside the top-k) and misses MATH ("5" is in the top-k after "2+2=") and DoS (every token
+of a long honest-looking sample is in the top-k). A completion whose claimed sampling differs from the run's
+is rejected too: the check is only as strong as the k it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import torch
+from pydantic import Field
+
+from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
+from dgrpo.defense.forward import teacher_force
+from dgrpo.defense.registry import DEFENSES
+from dgrpo.node.config import Section
+from dgrpo.node.sampler import kept_mask
+
+
+class LogitOptions(Section):
+    top_k: Annotated[int | None, Field(ge=0, description="k to check against; None: the run's sampling top_k")] = None
+    atol: Annotated[
+        float, Field(ge=0.0, description="a token within atol (logit units) of the k-th logit counts as inside")
+    ] = 1e-3
+    micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 16
+
+
+def outside_top(
+    logits: torch.Tensor, ids: Sequence[int], temperature: float, top_k: int, top_p: float, atol: float
+) -> int:
+    """How many of the tokens ``ids`` fall outside the top-k / top-p set of their position's ``logits``."""
+    scores = logits.double() / temperature
+    target = torch.tensor(list(ids), dtype=torch.long)
+    own = scores.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    inside = torch.ones(len(ids), dtype=torch.bool)
+    if 0 < top_k < scores.shape[-1]:
+        kth = torch.topk(scores, top_k, dim=-1).values[:, -1]
+        inside &= own >= kth - atol / temperature
+    if top_p < 1.0:
+        inside &= kept_mask(scores, top_k, top_p).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return int((~inside).sum())
+
+
+@DEFENSES.register("logit")
+class LogitDefense(Defense):
+    name = "logit"
+    cost = 50
+    needs_model = True
+    Options = LogitOptions
+
+    def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
+        if ctx.learner is None:
+            raise RuntimeError("the logit check needs the node's model")
+        run = ctx.sampling
+        k = run.top_k if self.options.top_k is None else self.options.top_k
+        verdicts: list[Verdict] = [ACCEPT] * len(candidates)
+        todo = []
+        for i, c in enumerate(candidates):
+            if c.sampling.model_copy(update={"seed": 0}) != run.model_copy(update={"seed": 0}):
+                verdicts[i] = self.reject("sampling_mismatch")
+            else:
+                todo.append(i)
+        forced = teacher_force(
+            ctx.learner,
+            [(candidates[i].prompt.text, candidates[i].text) for i in todo],
+            run.max_new_tokens,
+            self.options.micro_batch,
+        )
+        for i, f in zip(todo, forced, strict=True):
+            n_out = outside_top(f.logits, f.ids, run.temperature, k, run.top_p, self.options.atol)
+            if n_out:
+                verdicts[i] = self.reject("outside_top_k", n_out / max(len(f.ids), 1))
+        return verdicts

@@ -1,0 +1,59 @@
+"""Reputation: each peer's rejection rate over a window of rounds; past a threshold, the peer is blacklisted.
+
+A blacklisted peer's messages stop reaching the learner: the daemon drops them at the gossipsub layer (py-libp2p's
+pubsub blacklist) and the round no longer waits for the peer. Blacklisting is for the rest of the run, which is
+what a poisoner that keeps sending rejected completions earns; the window only keeps one bad round of an honest
+peer (numeric noise, a truncated message) from counting forever against it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+from dgrpo.defense.config import ReputationConfig
+
+
+class Reputation:
+    def __init__(self, cfg: ReputationConfig) -> None:
+        self.cfg = cfg
+        self._history: dict[str, deque[tuple[int, int, int]]] = defaultdict(deque)  # (round, received, rejected)
+        self.blacklisted: dict[str, int] = {}  # peer -> round it was blacklisted in
+
+    def record(self, round_idx: int, peer: str, received: int, rejected: int) -> None:
+        if received <= 0:
+            return
+        history = self._history[peer]
+        history.append((round_idx, received, rejected))
+        while history and history[0][0] <= round_idx - self.cfg.window:
+            history.popleft()
+
+    def rate(self, peer: str) -> tuple[float, int]:
+        """(rejection rate, completions received) over the window."""
+        history = self._history.get(peer, ())
+        received = sum(h[1] for h in history)
+        rejected = sum(h[2] for h in history)
+        return (rejected / received if received else 0.0), received
+
+    def update(self, round_idx: int) -> list[str]:
+        """Blacklist the peers now past the threshold; returns the newly blacklisted ones."""
+        if not self.cfg.enabled:
+            return []
+        new = []
+        for peer in sorted(self._history):
+            if peer in self.blacklisted:
+                continue
+            rate, received = self.rate(peer)
+            if received >= self.cfg.min_completions and rate >= self.cfg.threshold:
+                self.blacklisted[peer] = round_idx
+                new.append(peer)
+        return new
+
+    def is_blacklisted(self, peer: str) -> bool:
+        return peer in self.blacklisted
+
+    def snapshot(self) -> dict[str, dict[str, float | int | bool]]:
+        out: dict[str, dict[str, float | int | bool]] = {}
+        for peer in sorted(set(self._history) | set(self.blacklisted)):
+            rate, received = self.rate(peer)
+            out[peer] = {"rejection_rate": rate, "window_received": received, "blacklisted": peer in self.blacklisted}
+        return out
