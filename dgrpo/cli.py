@@ -26,9 +26,15 @@ def _format_row(row: dict[str, Any]) -> str:
     asr = f"  asr {row['asr']:.3f}" if "asr" in row else ""
     length = f"  length {row['mean_length']:.1f}" if "mean_length" in row else ""
     poison = f"  poison {row['poison_published']}" if row.get("poison_published") else ""
+    defense = ""
+    if row.get("defense"):
+        d = row["defense"]
+        stop = f"{d['stop_rate']:.2f}" if d.get("stop_rate") is not None else "-"
+        fpr = f"{d['false_positive_rate']:.3f}" if d.get("false_positive_rate") is not None else "-"
+        defense = f"  stop {stop} fpr {fpr}"
     return (
         f"round {row['round']:>3}  honest reward {row['honest_mean_reward']:.3f}{acc}{asr}{length}"
-        f"  exchanged {row['completions_exchanged']}{poison}  ({row['seconds']:.1f}s)"
+        f"  exchanged {row['completions_exchanged']}{poison}{defense}  ({row['seconds']:.1f}s)"
     )
 
 
@@ -51,6 +57,8 @@ def simulate(
         attack = (
             f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
         )
+        if sc.defense is not None and sc.defense.chain:
+            attack += f", defense {','.join(sc.defense.chain)}"
         console.print(
             f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.round.split}){attack}, "
             f"task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}"

@@ -8,8 +8,9 @@ colluding nodes that publish crafted completions, knowing the reward function an
 surrogate: the no-oracle majority vote).
 
 Per prompt the attacker publishes ``completions_per_prompt`` completions (its normal share by default;
-prompts that cannot carry poison always get the normal share): ``poison_fraction`` of them poisoned, the rest filled with its own honest samples or zero-reward
-gibberish (the paper's vertical setting). A poisoned completion is always checked to keep its reward: with
+prompts that cannot carry poison always get the normal share): ``poison_fraction`` of them poisoned, the
+rest filled with its own honest samples or zero-reward gibberish (the paper's vertical setting). A poisoned
+completion is always checked to keep its reward: with
 the oracle against the real reward, without it against the voted answer.
 """
 

@@ -183,12 +183,14 @@ class Node:
         # A canonical order: nodes holding the same weights and receiving the same strings make the same update.
         ordered = sorted(rollouts, key=lambda r: (r.prompt_id, r.author, r.part))
         valid: list[tuple[Rollout, Prompt]] = []
+        dropped: list[Checked] = []  # completions of blacklisted peers (they never reach the learner)
         seen: set[tuple[str, int]] = set()
         received = 0
         for r in ordered:
             received += len(r.completions)
             if self.reputation is not None and r.author != self.peer_id and self.reputation.is_blacklisted(r.author):
                 rejected["blacklisted"] += 1
+                dropped.extend(Checked(r.author, r.prompt_id, text, False, "blacklisted") for text in r.completions)
                 continue
             if (r.author, r.part) in seen:
                 rejected["duplicate_part"] += 1
@@ -233,7 +235,7 @@ class Node:
             produce_seconds=self._last_produce_seconds,
             consume_seconds=time.perf_counter() - t0,
             scored=tuple(scored),
-            checked=tuple(checked),
+            checked=tuple(dropped + checked),
             **defense,
         )
 

@@ -17,11 +17,13 @@ import torch
 import trio
 
 from dgrpo.adversary import build_adversary
+from dgrpo.defense import DefenseChain, Reputation
 from dgrpo.node.inbox import RoundInbox
 from dgrpo.node.learner import Learner
 from dgrpo.node.node import Node, RoundReport
 from dgrpo.node.round import run_round
 from dgrpo.node.transport import InMemoryHub, InMemoryTransport
+from dgrpo.simulations.defense_metrics import DefenseMeter
 from dgrpo.simulations.evaluation import EvalPoint, Evaluator
 from dgrpo.simulations.plots import plot_asr, plot_curves
 from dgrpo.simulations.scenario import Scenario
@@ -52,7 +54,11 @@ def build_nodes(scenario: Scenario) -> list[SimNode]:
         adversary = None
         if i >= first_malicious and scenario.adversary is not None:
             adversary = build_adversary(scenario.adversary.model_copy(update={"seed": scenario.adversary.seed + i}))
-        node = Node(peer_id, scenario.run_id, task, learner, rollout, scenario.sampling, adversary)
+        defense = reputation = None
+        if adversary is None and scenario.defense is not None:
+            defense = DefenseChain.from_config(scenario.defense)
+            reputation = Reputation(scenario.defense.reputation)
+        node = Node(peer_id, scenario.run_id, task, learner, rollout, scenario.sampling, adversary, defense, reputation)
         nodes.append(SimNode(node, hub.join(peer_id), RoundInbox(), honest=adversary is None))
     return nodes
 
@@ -101,10 +107,11 @@ def _eval_fields(point: EvalPoint) -> dict[str, Any]:
 
 async def _simulate(
     scenario: Scenario, nodes: list[SimNode], evaluate: Evaluator, on_round: RoundCallback | None
-) -> tuple[list[dict[str, Any]], list[tuple[int, EvalPoint]]]:
+) -> tuple[list[dict[str, Any]], list[tuple[int, EvalPoint]], DefenseMeter]:
     limiter = trio.CapacityLimiter(1)  # one torch job at a time: reproducible, and no core contention
     rows: list[dict[str, Any]] = []
     evals: list[tuple[int, EvalPoint]] = [(0, await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter))]
+    meter = DefenseMeter([s.node for s in nodes])
     async with trio.open_nursery() as pumps:
         for sim in nodes:
             pumps.start_soon(sim.inbox.pump, sim.transport.inbound())
@@ -115,12 +122,14 @@ async def _simulate(
             async def one(
                 i: int, sim: SimNode, reports: list[RoundReport | None] = reports, round_idx: int = round_idx
             ) -> None:
+                reputation = sim.node.reputation
+                peers = [p for p in sim.transport.peers() if reputation is None or not reputation.is_blacklisted(p)]
                 reports[i] = await run_round(
                     sim.node,
                     sim.transport,
                     sim.inbox,
                     round_idx,
-                    sim.transport.peers(),
+                    peers,
                     scenario.round.deadline_seconds,
                     limiter,
                 )
@@ -133,6 +142,8 @@ async def _simulate(
             row["poison_published"] = sum(
                 s.node.adversary.stats.last_round_poisoned for s in nodes if s.node.adversary is not None
             )
+            if scenario.defense is not None:
+                row["defense"] = meter.observe(round_idx, done)
             if round_idx % scenario.eval.every == 0 or round_idx == scenario.rounds:
                 point = await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter)
                 evals.append((round_idx, point))
@@ -141,7 +152,7 @@ async def _simulate(
             if on_round is not None:
                 on_round(row)
         pumps.cancel_scope.cancel()
-    return rows, evals
+    return rows, evals, meter
 
 
 def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | None = None) -> dict[str, Any]:
@@ -152,7 +163,8 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         torch.set_num_threads(scenario.torch_threads)
     nodes = build_nodes(scenario)
     evaluator = build_evaluator(scenario, nodes[0].node.task)
-    rows, evals = trio.run(_simulate, scenario, nodes, evaluator, on_round)
+    rows, evals, meter = trio.run(_simulate, scenario, nodes, evaluator, on_round)
+    defense_summary = meter.summary(scenario.defense.chain) if scenario.defense is not None else None
     with (out_dir / "metrics.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
@@ -180,6 +192,7 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         "mean_length": [[r, e.mean_length] for r, e in evals],
         "final_mean_length": evals[-1][1].mean_length,
         "attack_stats": _attack_stats(nodes),
+        "defense": defense_summary,
         "wall_seconds": time.perf_counter() - t0,
         "scenario_config": scenario.model_dump(mode="json"),
     }

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dgrpo.adversary.config import AdversaryConfig
+from dgrpo.defense.config import DefenseConfig
 from dgrpo.errors import ConfigError
 from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig
 from dgrpo.overrides import apply_overrides, explain_validation_error
@@ -46,6 +47,10 @@ class RoundsConfig(Section):
     prompts_per_round: Annotated[int, Field(ge=1, description="B: prompts per round, over all nodes")] = 8
     group_size: Annotated[int, Field(ge=1, description="G: completions per prompt, over all nodes")] = 8
     deadline_seconds: Annotated[float, Field(gt=0, description="a round closes at quorum or this")] = 600.0
+    sampler: Annotated[
+        Literal["multinomial", "seeded"],
+        Field(description="seeded: the verifiable seeded sampler every node uses (needed by sampling-proof)"),
+    ] = "multinomial"
 
 
 class EvalConfig(Section):
@@ -83,11 +88,17 @@ class Scenario(BaseModel):
         AdversaryConfig | None,
         Field(description="the attack run by the nodes.malicious nodes; its detector gives the ASR"),
     ] = None
+    defense: Annotated[
+        DefenseConfig | None,
+        Field(description="the defense chain and reputation policy of the honest nodes"),
+    ] = None
 
     @model_validator(mode="after")
     def _adversary_for_malicious(self) -> Scenario:
         if self.nodes.malicious and self.adversary is None:
             raise ValueError("nodes.malicious > 0 needs an [adversary] section (e.g. name = 'text')")
+        if self.defense is not None and "sampling-proof" in self.defense.chain and self.round.sampler != "seeded":
+            raise ValueError("the sampling-proof defense needs round.sampler = 'seeded' (every node samples with it)")
         return self
 
     def node_rollout(self) -> RolloutConfig:
@@ -102,11 +113,15 @@ class Scenario(BaseModel):
                 split="horizontal",
                 prompts_per_round=r.prompts_per_round,
                 completions_per_prompt=r.group_size // m,
+                sampler=r.sampler,
             )
         if r.prompts_per_round % m:
             raise ConfigError(f"vertical split: prompts_per_round {r.prompts_per_round} not divisible by {m}")
         return RolloutConfig(
-            split="vertical", prompts_per_round=r.prompts_per_round // m, completions_per_prompt=r.group_size
+            split="vertical",
+            prompts_per_round=r.prompts_per_round // m,
+            completions_per_prompt=r.group_size,
+            sampler=r.sampler,
         )
 
     def node_model(self, index: int) -> ModelConfig:
