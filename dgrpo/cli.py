@@ -133,6 +133,9 @@ def node_run(
     adversary: Annotated[
         str | None, typer.Option(help="run as an attacker: text, dos, math or code (research testnets)")
     ] = None,
+    defense: Annotated[
+        str | None, typer.Option(help="defense chain NAME[,NAME...], e.g. length,arith-check,logit")
+    ] = None,
 ) -> None:
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly)."""
     import json as _json
@@ -153,6 +156,13 @@ def node_run(
         sets.append(f"rounds.max_rounds={max_rounds}")
     if adversary is not None:
         sets.append(f"adversary.name={_json.dumps(adversary)}")
+    if defense is not None:
+        from dgrpo.defense import parse_defense_spec
+
+        chain = parse_defense_spec(defense)
+        sets.append(f"defense.chain={_json.dumps(chain)}")
+        if "sampling-proof" in chain:
+            sets.append("rollout.sampler='seeded'")
     logging.getLogger("dgrpo").setLevel(logging.INFO)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
     for noisy in ("libp2p", "multiaddr", "async_service"):
@@ -284,12 +294,18 @@ def testnet_up(
         if attack[1] >= n:
             console.print(f"[red]error:[/] {attack[1]} malicious nodes leave no honest node among {n}")
             raise typer.Exit(2)
-    chain = [d for d in (defense or "").split(",") if d]
+    chain = [d.strip() for d in (defense or "").split(",") if d.strip()]
     if chain:
-        console.print(f"[red]error:[/] unknown defense {chain[0]!r}; no defenses are installed")
-        raise typer.Exit(2)
+        from dgrpo.defense import DEFENSES
+
+        unknown = [d for d in chain if d not in DEFENSES]
+        if unknown:
+            console.print(f"[red]error:[/] unknown defense {unknown[0]!r}; valid: {', '.join(DEFENSES.names())}")
+            raise typer.Exit(2)
     try:
-        nodes = start_testnet(n, out, rounds, mode=mode, extra=list(overrides or []), config=config, adversary=attack)
+        nodes = start_testnet(
+            n, out, rounds, mode=mode, defense=chain, extra=list(overrides or []), config=config, adversary=attack
+        )
     except DgrpoError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -207,7 +207,11 @@ def test_logit_top_k_boundary_by_hand() -> None:
 
     logits = torch.tensor([[5.0, 4.0, 3.0, 2.0], [0.0, 1.0, 2.0, 3.0]])
     # top-2: row 0 keeps {0, 1}, row 1 keeps {3, 2}.
-    assert outside_top(logits, [1, 2], 1.0, 2, 1.0, 1e-3) == 0
-    assert outside_top(logits, [2, 1], 1.0, 2, 1.0, 1e-3) == 2
+    assert outside_top(logits, torch.tensor([1, 2]), 1.0, 2, 1.0, 1e-3) == 0
+    assert outside_top(logits, torch.tensor([2, 1]), 1.0, 2, 1.0, 1e-3) == 2
     # top-p 0.5 at temperature 1: row 0 softmax ~ [.64, .24, .09, .03] -> only token 0 is needed.
-    assert outside_top(logits, [1, 3], 1.0, 0, 0.5, 1e-3) == 1
+    assert outside_top(logits, torch.tensor([1, 3]), 1.0, 0, 0.5, 1e-3) == 1
+    # Batched with padding: the masked position is not counted.
+    batch = outside_top(logits[None].repeat(2, 1, 1), torch.tensor([[2, 1], [2, 1]]), 1.0, 2, 1.0, 1e-3,
+                        torch.tensor([[True, True], [True, False]]))  # fmt: skip
+    assert batch.tolist() == [2, 1]

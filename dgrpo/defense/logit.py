@@ -28,23 +28,34 @@ class LogitOptions(Section):
     atol: Annotated[
         float, Field(ge=0.0, description="a token within atol (logit units) of the k-th logit counts as inside")
     ] = 1e-3
-    micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 16
+    micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 32
 
 
 def outside_top(
-    logits: torch.Tensor, ids: Sequence[int], temperature: float, top_k: int, top_p: float, atol: float
-) -> int:
-    """How many of the tokens ``ids`` fall outside the top-k / top-p set of their position's ``logits``."""
-    scores = logits.double() / temperature
-    target = torch.tensor(list(ids), dtype=torch.long)
-    own = scores.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    inside = torch.ones(len(ids), dtype=torch.bool)
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    atol: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """How many tokens of each row of ``ids`` [B, T] (or [T]) fall outside the top-k / top-p set of their
+    position's ``logits`` [B, T, V] (or [T, V]); padding (``mask`` False) never counts."""
+    if ids.dim() == 1:
+        return outside_top(
+            logits[None], ids[None], temperature, top_k, top_p, atol, None if mask is None else mask[None]
+        )[0]
+    scores = logits.float() / temperature
+    own = scores.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    inside = torch.ones_like(ids, dtype=torch.bool)
     if 0 < top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[:, -1]
+        kth = torch.topk(scores, top_k, dim=-1).values[..., -1]
         inside &= own >= kth - atol / temperature
     if top_p < 1.0:
-        inside &= kept_mask(scores, top_k, top_p).gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    return int((~inside).sum())
+        inside &= kept_mask(scores, top_k, top_p).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    outside = ~inside if mask is None else ~inside & mask
+    return outside.sum(-1)
 
 
 @DEFENSES.register("logit")
@@ -72,8 +83,10 @@ class LogitDefense(Defense):
             run.max_new_tokens,
             self.options.micro_batch,
         )
-        for i, f in zip(todo, forced, strict=True):
-            n_out = outside_top(f.logits, f.ids, run.temperature, k, run.top_p, self.options.atol)
-            if n_out:
-                verdicts[i] = self.reject("outside_top_k", n_out / max(len(f.ids), 1))
+        for batch in forced:
+            n_out = outside_top(batch.logits, batch.ids, run.temperature, k, run.top_p, self.options.atol, batch.mask)
+            lengths = batch.mask.sum(-1)
+            for row, bad, length in zip(batch.rows, n_out.tolist(), lengths.tolist(), strict=True):
+                if bad:
+                    verdicts[todo[row]] = self.reject("outside_top_k", bad / max(length, 1))
         return verdicts

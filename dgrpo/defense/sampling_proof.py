@@ -38,31 +38,44 @@ class SamplingProofOptions(Section):
     max_mismatch_fraction: Annotated[
         float, Field(ge=0.0, le=1.0, description="share of positions allowed to diverge beyond atol")
     ] = 0.0
-    micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 16
+    micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 32
 
 
 def mismatches(
-    logits: torch.Tensor, ids: Sequence[int], seed: int, temperature: float, top_k: int, top_p: float, atol: float
-) -> int:
-    """Positions where ``ids`` is not the seeded sampler's choice (beyond ``atol``), from [T, V] logits."""
-    scores = logits.double() / temperature
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    seeds: Sequence[int],
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    atol: float,
+    mask: torch.Tensor | None = None,
+) -> np.ndarray:
+    """Per row, the positions where ``ids`` [B, T] is not the seeded sampler's choice (beyond ``atol``), from
+    logits [B, T, V] and each row's seed; padding (``mask`` False) never counts."""
+    B, T = ids.shape
+    scores = logits.float() / temperature
     keep = kept_mask(scores, top_k, top_p)
-    t_idx, tok_idx = keep.nonzero(as_tuple=True)
-    t_np, tok_np = t_idx.numpy(), tok_idx.numpy()
-    perturbed = scores[t_idx, tok_idx].numpy() + gumbel_noise(seed, t_np, tok_np)
-    best = np.full(len(ids), -np.inf)
-    np.maximum.at(best, t_np, perturbed)
-    target = np.asarray(ids, dtype=np.int64)
-    positions = np.arange(len(ids))
-    own_scores = scores.numpy()[positions, target]
-    own = own_scores + gumbel_noise(seed, positions, target)
-    ok = own >= best - atol
+    b_idx, t_idx, tok_idx = (x.numpy() for x in keep.nonzero(as_tuple=True))
+    seed_arr = np.asarray(seeds, dtype=np.uint64)
+    # Noise is added in double precision to the (float32) scaled logits, as the sampler does.
+    kept_scores = (logits[keep].double() / temperature).numpy()
+    perturbed = kept_scores + gumbel_noise(seed_arr[b_idx], t_idx, tok_idx)
+    best = np.full(B * T, -np.inf)
+    np.maximum.at(best, b_idx * T + t_idx, perturbed)
+    target = ids.numpy().astype(np.int64)
+    own_scores = (logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1).double() / temperature).numpy()
+    positions = np.broadcast_to(np.arange(T), (B, T))
+    own = own_scores + gumbel_noise(np.broadcast_to(seed_arr[:, None], (B, T)), positions, target)
+    ok = own >= best.reshape(B, T) - atol
     if 0 < top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[:, -1].numpy()
+        kth = (torch.topk(logits, top_k, dim=-1).values[..., -1].double() / temperature).numpy()
         ok &= own_scores >= kth - atol
     if top_p < 1.0:
-        ok &= keep.numpy()[positions, target]
-    return int((~ok).sum())
+        ok &= keep.gather(-1, ids.unsqueeze(-1)).squeeze(-1).numpy()
+    bad = ~ok if mask is None else ~ok & mask.numpy()
+    out: np.ndarray = bad.sum(-1)
+    return out
 
 
 @DEFENSES.register("sampling-proof")
@@ -89,10 +102,13 @@ class SamplingProofDefense(Defense):
             run.max_new_tokens,
             self.options.micro_batch,
         )
-        for i, f in zip(todo, forced, strict=True):
-            c = candidates[i]
-            seed = completion_seed(ctx.run_id, ctx.round, c.author, c.prompt.id, c.index)
-            bad = mismatches(f.logits, f.ids, seed, run.temperature, run.top_k, run.top_p, self.options.atol)
-            if bad > self.options.max_mismatch_fraction * len(f.ids):
-                verdicts[i] = self.reject("diverged", bad / max(len(f.ids), 1))
+        for batch in forced:
+            cands = [candidates[todo[row]] for row in batch.rows]
+            seeds = [completion_seed(ctx.run_id, ctx.round, c.author, c.prompt.id, c.index) for c in cands]
+            bad = mismatches(
+                batch.logits, batch.ids, seeds, run.temperature, run.top_k, run.top_p, self.options.atol, batch.mask
+            )
+            for row, n_bad, length in zip(batch.rows, bad.tolist(), batch.mask.sum(-1).tolist(), strict=True):
+                if n_bad > self.options.max_mismatch_fraction * length:
+                    verdicts[todo[row]] = self.reject("diverged", n_bad / max(length, 1))
         return verdicts

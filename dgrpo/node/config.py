@@ -14,6 +14,14 @@ from dgrpo.node.grpo import LossType
 from dgrpo.protocol.messages import SplitMode
 
 
+def fill_section(data: Any, key: str, default: BaseModel) -> Any:
+    """Before validation: a partial ``key`` section (e.g. only ``sampling.max_new_tokens`` overridden) keeps
+    the field's default values for the keys it leaves out, not the model class's defaults."""
+    if isinstance(data, dict) and isinstance(data.get(key), dict):
+        return {**data, key: {**default.model_dump(), **data[key]}}
+    return data
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 

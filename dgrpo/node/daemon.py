@@ -25,6 +25,7 @@ import trio
 
 from dgrpo.adversary import build_adversary
 from dgrpo.atomic import write_atomically
+from dgrpo.defense import DefenseChain, Reputation
 from dgrpo.node.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.node.gossip import GossipConfig, GossipNode
 from dgrpo.node.inbox import RoundInbox
@@ -81,9 +82,22 @@ class Daemon:
         self.learner = Learner(settings.model, settings.learner)
         task = get_task(settings.task.name, **settings.task.options)
         adversary = build_adversary(settings.adversary) if settings.adversary is not None else None
+        defense = DefenseChain.from_config(settings.defense) if settings.defense.chain else None
+        self.reputation = Reputation(settings.defense.reputation) if defense is not None else None
         self.node = Node(
-            self.peer_id, settings.run_id, task, self.learner, settings.rollout, settings.sampling, adversary
+            self.peer_id,
+            settings.run_id,
+            task,
+            self.learner,
+            settings.rollout,
+            settings.sampling,
+            adversary,
+            defense,
+            self.reputation,
         )
+        self.defense_checked_by_author: Counter[str] = Counter()
+        self.defense_rejected_by_author: Counter[str] = Counter()
+        self.defense_rejected_by_reason: Counter[str] = Counter()
         self.monitor = PoisonMonitor(settings.monitor.detectors, task)
         self.trained_by_author: Counter[str] = Counter()
         self.inbox = RoundInbox()
@@ -158,6 +172,16 @@ class Daemon:
             if self.node.adversary is None
             else {"name": self.node.adversary.name, **self.node.adversary.stats.as_dict()},
             "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
+            "defense": None
+            if self.node.defense is None
+            else {
+                "chain": self.node.defense.names,
+                "checked_by_author": dict(self.defense_checked_by_author),
+                "rejected_by_author": dict(self.defense_rejected_by_author),
+                "rejected_by_reason": dict(self.defense_rejected_by_reason),
+                "reputation": self.reputation.snapshot() if self.reputation is not None else {},
+                "blacklisted": dict(self.reputation.blacklisted) if self.reputation is not None else {},
+            },
             "weights_sha256": self.learner.weights_digest() if self.state == "stopped" else None,
             "last_errors": list(self.errors),
             "status_url": self.status_url,
@@ -181,6 +205,17 @@ class Daemon:
             self.trained_by_author[sc.author] += 1
             for name in self.monitor.observe(sc.author, sc.text):
                 self.metrics.flagged.labels(detector=name).inc()
+        self.defense_checked_by_author.update(report.defense_checked_by_author)
+        self.defense_rejected_by_author.update(report.defense_rejected_by_author)
+        self.defense_rejected_by_reason.update(report.defense_rejected)
+        for peer, n in report.defense_checked_by_author.items():
+            self.metrics.defense_checked.labels(peer=peer).inc(n)
+        for reason, n in report.defense_rejected.items():
+            self.metrics.defense_rejected.labels(reason=reason).inc(n)
+        for peer in report.blacklisted_now:
+            rate, _ = self.reputation.rate(peer) if self.reputation is not None else (0.0, 0)
+            if self.transport is not None:
+                self.transport.blacklist(peer, f"defense rejection rate {rate:.2f} over the reputation window")
         self.metrics.round.set(report.round)
         self.metrics.mean_reward.set(report.mean_reward)
         self.metrics.completions.inc(report.completions_accepted)
@@ -196,6 +231,7 @@ class Daemon:
             "authors": len(authors),
             "completions": report.completions_accepted,
             "rejected": report.rejected,
+            "defense_rejected": report.defense_rejected,
             "mean_reward": round(report.mean_reward, 4),
             "loss": None if report.step is None else round(report.step.loss, 6),
         }
@@ -340,6 +376,8 @@ def _report_json(report: RoundReport) -> dict[str, Any]:
         "completions_accepted": report.completions_accepted,
         "authors": sorted({s.author for s in report.scored}),
         "rejected": report.rejected,
+        "defense_rejected": report.defense_rejected,
+        "defense_rejected_by_author": report.defense_rejected_by_author,
         "mean_reward": report.mean_reward,
         "loss": None if report.step is None else report.step.loss,
     }

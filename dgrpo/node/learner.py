@@ -181,13 +181,14 @@ class Learner:
         return ids.to(self.device), mask.to(self.device)
 
     # ----------------------------------------------------------------- log-probabilities
-    def completion_logprobs(
-        self, samples: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
+    def completion_logits(
+        self, samples: Sequence[tuple[Sequence[int], Sequence[int]]]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-token log-probs of each completion given its prompt, in one padded forward pass.
+        """Raw logits predicting each completion token, in one padded forward pass.
 
-        Returns (logp [B, T], mask [B, T], logits [B, T, V]) over completion positions; prompts are left-padded
-        and completions right-padded, with position ids taken from the attention mask as in generation.
+        Returns (logits [B, T, V], completion ids [B, T], mask [B, T]) over completion positions; prompts are
+        left-padded and completions right-padded, with position ids taken from the attention mask as in
+        generation. Only the completion positions' logits are computed (``logits_to_keep``).
         """
         prompt_ids, prompt_mask = self._left_pad([p for p, _ in samples])
         width = max(len(c) for _, c in samples)
@@ -201,10 +202,21 @@ class Learner:
         attention = torch.cat([prompt_mask, comp_mask], dim=1)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
         model: Any = self.model
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
-        # logits at position t predict token t + 1: the completion is predicted from one step earlier.
-        start = prompt_ids.shape[1]
-        comp_logits = logits[:, start - 1 : -1, :]
+        # logits at position t predict token t + 1: the completion is predicted from one step earlier, so the
+        # last width + 1 positions are kept and the very last one dropped.
+        logits = model(
+            input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=width + 1
+        ).logits
+        return logits[:, -(width + 1) : -1, :], comp, comp_mask
+
+    def completion_logprobs(
+        self, samples: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-token log-probs of each completion given its prompt (log-softmax of ``logits / temperature``).
+
+        Returns (logp [B, T], mask [B, T], logits [B, T, V]) over completion positions.
+        """
+        comp_logits, comp, comp_mask = self.completion_logits(samples)
         return token_logprobs(comp_logits, comp, temperature), comp_mask, comp_logits
 
     # ----------------------------------------------------------------- the update

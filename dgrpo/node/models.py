@@ -35,6 +35,10 @@ def _looks_like_path(name: str) -> bool:
 
 def resolve_model(name: str) -> str:
     """The folder or hub id to load ``name`` from; unknown embedded names and missing paths are errors."""
+    if name == "pypi:SmolLM2-135M-Instruct":
+        from dgrpo.node.smollm2 import smollm2_folder
+
+        return str(smollm2_folder())
     if name.startswith(EMBEDDED_PREFIX):
         known = embedded_models()
         if name not in known:

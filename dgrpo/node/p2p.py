@@ -93,6 +93,15 @@ class Libp2pTransport(Transport):
         nursery.start_soon(self._drain_control, control)
         nursery.start_soon(self._apply_blacklist)
 
+    def blacklist(self, peer: str, reason: str) -> None:
+        """Blacklist ``peer`` at the gossipsub layer (its messages are dropped before validation and it is
+        disconnected); used by the reputation policy when the defenses keep rejecting its completions."""
+        if peer == self.peer_id or peer in self._blacklisting:
+            return
+        log.warning("blacklisting %s (%s)", peer, reason)
+        self._blacklisting.add(peer)
+        self._to_blacklist.send_nowait(peer)
+
     async def _apply_blacklist(self) -> None:
         async for peer in self._blacklist_queue:
             try:

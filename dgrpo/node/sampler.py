@@ -45,11 +45,11 @@ def splitmix64(z: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def gumbel_noise(seed: int, position: int | np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """Gumbel(0, 1) noise (float64) for ``tokens`` at ``position`` (a scalar or one per token) of the
-    completion with ``seed``."""
-    counter = (np.asarray(position, dtype=np.uint64) << np.uint64(32)) | tokens.astype(np.uint64)
-    bits = splitmix64(np.uint64(seed) ^ splitmix64(counter))
+def gumbel_noise(seed: int | np.ndarray, position: int | np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Gumbel(0, 1) noise (float64) for ``tokens`` at ``position`` of the completion with ``seed`` (seed and
+    position: scalars or arrays broadcast against ``tokens``)."""
+    counter = (np.asarray(position, dtype=np.uint64) << np.uint64(32)) | np.asarray(tokens).astype(np.uint64)
+    bits = splitmix64(np.asarray(seed, dtype=np.uint64) ^ splitmix64(counter))
     u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
     out: np.ndarray = -np.log(-np.log(u))
     return out
@@ -64,7 +64,7 @@ def kept_mask(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     if top_p < 1.0:
         masked = scores.masked_fill(~keep, float("-inf"))
         probs = torch.softmax(masked.double(), dim=-1)
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better-ranked tokens
         sorted_keep = before < top_p
         nucleus = torch.zeros_like(keep).scatter(-1, order, sorted_keep)
@@ -93,9 +93,13 @@ class SeededGumbelProcessor:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         position = input_ids.shape[1] - self.prompt_width
         scaled = scores.double() / self.temperature
-        keep = kept_mask(scaled, self.top_k, self.top_p).cpu().numpy()
-        scaled_np = scaled.cpu().numpy()
+        keep = kept_mask(scaled, self.top_k, self.top_p)
+        rows, tokens = keep.nonzero(as_tuple=True)
+        seeds = np.asarray(self.seeds, dtype=np.uint64)[rows.cpu().numpy()]
+        noise = torch.from_numpy(gumbel_noise(seeds, position, tokens.cpu().numpy())).to(scaled.device)
+        perturbed = torch.full_like(scaled, float("-inf"))
+        perturbed[rows, tokens] = scaled[rows, tokens] + noise
+        chosen = perturbed.argmax(dim=-1)  # the first maximum: ties go to the lowest token id
         out = torch.full_like(scores, float("-inf"))
-        for row, seed in enumerate(self.seeds):
-            out[row, choose(scaled_np[row], keep[row], seed, position)] = 0.0
+        out[torch.arange(len(chosen), device=out.device), chosen] = 0.0
         return out

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -20,11 +20,12 @@ from pydantic_settings import (
 )
 
 from dgrpo.adversary.config import AdversaryConfig
+from dgrpo.defense.config import DefenseConfig
 from dgrpo.errors import ConfigError
-from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig
+from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig, fill_section
 from dgrpo.overrides import apply_overrides, explain_validation_error
 from dgrpo.protocol.limits import ProtocolLimits
-from dgrpo.protocol.messages import SamplingParams
+from dgrpo.protocol.messages import DEFAULT_SAMPLING, SamplingParams
 
 _TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("dgrpo_toml_file", default=None)
 
@@ -77,12 +78,6 @@ class StatusSettings(Section):
     ] = False
 
 
-class DefenseSettings(Section):
-    chain: Annotated[list[str], Field(description="defense filters between receive and learn")] = Field(
-        default_factory=list
-    )
-
-
 class MonitorSettings(Section):
     detectors: list[str] = Field(
         default_factory=lambda: ["text", "math", "code"],
@@ -104,12 +99,12 @@ class NodeSettings(BaseSettings):
     task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     learner: LearnerConfig = LearnerConfig()
-    sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=10, top_p=1.0, max_new_tokens=48)
+    sampling: SamplingParams = DEFAULT_SAMPLING
     rollout: RolloutConfig = RolloutConfig()
     rounds: RoundSettings = RoundSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     status: StatusSettings = StatusSettings()
-    defense: DefenseSettings = DefenseSettings()
+    defense: DefenseConfig = DefenseConfig()
     monitor: MonitorSettings = MonitorSettings()
     adversary: Annotated[
         AdversaryConfig | None,
@@ -129,6 +124,17 @@ class NodeSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Precedence: command line (init) > environment > TOML file.
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=_TOML_FILE.get())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_sampling(cls, data: Any) -> Any:
+        return fill_section(data, "sampling", DEFAULT_SAMPLING)
+
+    @model_validator(mode="after")
+    def _sampler_for_proofs(self) -> NodeSettings:
+        if "sampling-proof" in self.defense.chain and self.rollout.sampler != "seeded":
+            raise ValueError("the sampling-proof defense needs rollout.sampler = 'seeded' (every node samples with it)")
+        return self
 
     @property
     def key_path(self) -> Path:

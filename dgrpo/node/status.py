@@ -35,6 +35,12 @@ class NodeMetrics:
         self.completions = Counter("dgrpo_completions_trained", "completions trained on", registry=r)
         self.round_seconds = Gauge("dgrpo_round_seconds", "wall time of the last round", registry=r)
         self.blacklisted = Gauge("dgrpo_blacklisted_peers", "peers blacklisted", registry=r)
+        self.defense_checked = Counter(
+            "dgrpo_defense_checked", "peer completions checked by the defense chain", ["peer"], registry=r
+        )
+        self.defense_rejected = Counter(
+            "dgrpo_defense_rejected", "peer completions rejected by the defense chain", ["reason"], registry=r
+        )
         self.flagged = Counter(
             "dgrpo_flagged_completions_trained",
             "completions trained on that an attack detector flags",

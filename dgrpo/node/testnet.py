@@ -75,6 +75,8 @@ def node_overrides(
         sets.append(f"model.name='{EMBEDDED_MODELS[index % len(EMBEDDED_MODELS)]}'")
     if defense:
         sets.append(f"defense.chain={json.dumps(defense)}")
+        if "sampling-proof" in defense:
+            sets.append("rollout.sampler='seeded'")
     if adversary is not None and index >= n - adversary[1]:
         sets.append(f"adversary.name={json.dumps(adversary[0])}")
     return [*sets, *extra]

@@ -28,6 +28,11 @@ class SamplingParams(StrictModel):
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
 
 
+# The sampling every shipped configuration uses (the paper samples with top-k 50 at temperature 1.0; the tiny
+# models' vocabularies are small, so 10).
+DEFAULT_SAMPLING = SamplingParams(temperature=1.0, top_k=10, top_p=1.0, max_new_tokens=48)
+
+
 class Rollout(StrictModel):
     """One author's completions for one prompt in one round (the paper exchanges these as strings).
 

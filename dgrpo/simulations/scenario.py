@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from dgrpo.adversary.config import AdversaryConfig
 from dgrpo.defense.config import DefenseConfig
 from dgrpo.errors import ConfigError
-from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig
+from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig, fill_section
 from dgrpo.overrides import apply_overrides, explain_validation_error
-from dgrpo.protocol.messages import SamplingParams, SplitMode
+from dgrpo.protocol.messages import DEFAULT_SAMPLING, SamplingParams, SplitMode
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -80,7 +80,7 @@ class Scenario(BaseModel):
     task: TaskConfig = TaskConfig()
     nodes: NodesConfig = NodesConfig()
     model: ModelConfig = ModelConfig()
-    sampling: SamplingParams = SamplingParams(temperature=1.0, top_k=10, top_p=1.0, max_new_tokens=48)
+    sampling: SamplingParams = DEFAULT_SAMPLING
     learner: LearnerConfig = LearnerConfig()
     round: RoundsConfig = RoundsConfig()
     eval: EvalConfig = EvalConfig()
@@ -92,6 +92,11 @@ class Scenario(BaseModel):
         DefenseConfig | None,
         Field(description="the defense chain and reputation policy of the honest nodes"),
     ] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_sampling(cls, data: Any) -> Any:
+        return fill_section(data, "sampling", DEFAULT_SAMPLING)
 
     @model_validator(mode="after")
     def _adversary_for_malicious(self) -> Scenario:

