@@ -7,6 +7,7 @@ Importing this package registers the built-in defenses: ``length``, ``arith-chec
 
 from dgrpo.defense import arith_check as arith_check
 from dgrpo.defense import code_policy as code_policy
+from dgrpo.defense import judge as judge
 from dgrpo.defense import length as length
 from dgrpo.defense import logit as logit
 from dgrpo.defense import sampling_proof as sampling_proof

@@ -70,6 +70,16 @@ class RoundReport:
     checked: tuple[Checked, ...] = field(repr=False, default=())
 
 
+def _outcome(v: Verdict | None) -> tuple[bool, str]:
+    """(stopped or not, why) for metrics: a completion kept with its reward zeroed (the judge's reward mode)
+    is stopped as surely as a rejected one."""
+    if v is None:
+        return True, ""
+    if v.accept and v.reward_scale == 0.0:
+        return False, v.reason or "reward_zeroed"
+    return v.accept, v.reason
+
+
 class Node:
     """A GRPO node: its task, learner and rollout settings. It never trusts a peer's reward or prompt."""
 
@@ -207,10 +217,7 @@ class Node:
         for r, prompt in valid:
             kept = [(text, verdicts.get((id(r), i))) for i, text in enumerate(r.completions)]
             if r.author != self.peer_id and self.defense is not None:
-                checked.extend(
-                    Checked(r.author, prompt.id, text, v is None or v.accept, "" if v is None else v.reason)
-                    for text, v in kept
-                )
+                checked.extend(Checked(r.author, prompt.id, text, *_outcome(v)) for text, v in kept)
             kept = [(text, v) for text, v in kept if v is None or v.accept]
             if not kept:
                 continue
