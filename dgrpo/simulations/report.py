@@ -34,6 +34,10 @@ COLUMNS = [
     "honest_final_accuracy",
     "final_mean_length",
     "length_vs_baseline",
+    "defense",
+    "stop_rate",
+    "false_positive_rate",
+    "overhead_ratio",
     "wall_seconds",
 ]
 
@@ -57,6 +61,7 @@ def table_rows(summaries: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
         asr = [v for _, v in s.get("asr") or []]
         length = s.get("final_mean_length")
         comparable = baseline is not None and s.get("task") == baseline.get("task")
+        defense = s.get("defense") or {}
         rows.append(
             {
                 "run": Path(s["_dir"]).name,
@@ -71,6 +76,10 @@ def table_rows(summaries: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
                 "honest_final_accuracy": s.get("honest_final_accuracy", s.get("final_accuracy")),
                 "final_mean_length": length,
                 "length_vs_baseline": (length / base_len) if comparable and length is not None and base_len else None,
+                "defense": ",".join(defense.get("names") or []) or "none",
+                "stop_rate": defense.get("stop_rate"),
+                "false_positive_rate": defense.get("false_positive_rate"),
+                "overhead_ratio": defense.get("overhead_ratio"),
                 "wall_seconds": s.get("wall_seconds"),
             }
         )

