@@ -93,7 +93,10 @@ def parse_decision(text: str) -> bool | None:
 
 
 class JudgeBackend:
-    """Produces the judge's raw outputs for a list of chat prompts."""
+    """Produces the judge's raw outputs for a list of chat prompts. ``cache`` holds greedy verdicts, shared by
+    every node of a process that uses this backend."""
+
+    cache: OrderedDict[tuple[str, str], str | None]
 
     def complete(self, chats: Sequence[list[dict[str, str]]]) -> list[str | None]:
         raise NotImplementedError
@@ -179,7 +182,9 @@ def backend_for(opts: JudgeOptions) -> JudgeBackend:
     key = (opts.backend, opts.model, opts.endpoint)
     with _BACKENDS_LOCK:
         if key not in _BACKENDS:
-            _BACKENDS[key] = TransformersJudge(opts) if opts.backend == "transformers" else OpenAIJudge(opts)
+            backend: JudgeBackend = TransformersJudge(opts) if opts.backend == "transformers" else OpenAIJudge(opts)
+            backend.cache = OrderedDict()
+            _BACKENDS[key] = backend
         return _BACKENDS[key]
 
 
@@ -192,8 +197,6 @@ class JudgeDefense(Defense):
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
         self._backend: JudgeBackend | None = None
-        self._cache: OrderedDict[tuple[str, str], str | None] = OrderedDict()
-        self.raw_outputs: OrderedDict[tuple[str, str], str | None] = self._cache  # for reports and tests
 
     @property
     def backend(self) -> JudgeBackend:
@@ -203,17 +206,21 @@ class JudgeDefense(Defense):
 
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         cacheable = self.options.temperature == 0.0 and self.options.cache_size > 0
+        backend = self.backend
+        cache = backend.cache
         keys = [(c.prompt.text, c.text) for c in candidates]
-        todo = list(dict.fromkeys(k for k in keys if not (cacheable and k in self._cache)))
-        outputs = dict(zip(todo, self.backend.complete([judge_prompt(q, a) for q, a in todo]), strict=True))
+        todo = list(dict.fromkeys(k for k in keys if not (cacheable and k in cache)))
+        outputs = dict(zip(todo, backend.complete([judge_prompt(q, a) for q, a in todo]), strict=True))
+        known = {k: cache[k] for k in keys if k not in outputs}
         if cacheable:
             for k, v in outputs.items():
-                self._cache[k] = v
-            while len(self._cache) > self.options.cache_size:
-                self._cache.popitem(last=False)
+                if v is not None:  # an unreachable endpoint is asked again next time
+                    cache[k] = v
+            while len(cache) > self.options.cache_size:
+                cache.popitem(last=False)
         verdicts = []
         for k in keys:
-            raw = outputs[k] if k in outputs else self._cache[k]
+            raw = outputs[k] if k in outputs else known[k]
             verdicts.append(self._verdict(raw))
         return verdicts
 
