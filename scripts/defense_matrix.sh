@@ -30,11 +30,11 @@ for attack in text math code dos; do
         rounds="$ROUNDS"; [ "$defense" = judge ] && rounds="$JUDGE_ROUNDS"
         args="${SCEN[$attack]} --out $OUT/$attack-$defense -s rounds=$rounds -s round.sampler=seeded"
         args+=" -s eval.every=5 -s eval.prompts=64 -s eval.asr_prompts=64 ${EXTRA[$attack]}"
-        [ -n "$chain" ] && args+=" -s defense.chain=$chain -s defense.reputation.enabled=false"
+        [ -n "$chain" ] && args+=" -s 'defense.chain=$chain' -s defense.reputation.enabled=false"
         [ -f "$OUT/$attack-$defense/summary.json" ] || cells+=("$args")
     done
 done
-printf '%s\n' "${cells[@]}" | xargs -P "$JOBS" -I{} sh -c '.venv/bin/dgrpo simulate {} > /dev/null 2>&1 || echo "failed: {}"'
+printf '%s\n' "${cells[@]}" | xargs -d '\n' -P "$JOBS" -I{} sh -c '.venv/bin/dgrpo simulate {} > /dev/null 2>&1 || echo "failed: {}"'
 for attack in text math code dos; do
     .venv/bin/dgrpo report "$OUT"/$attack-{none,logit,sampling-proof,judge,arith-check,code-policy,length,best} \
         --out "$OUT/report-$attack"

@@ -142,7 +142,8 @@ def test_sampling_proof_survives_a_step_and_checkpoint_reload(
     c.model.load_state_dict(state.model)
     assert c.weights_digest() == a.weights_digest()
     texts = a.generate([p.text for p in prompts], 4, SP, seeds=seeds_for(prompts, 4))
-    assert all(v.accept for v in check("sampling-proof", c, task, candidates(prompts, texts)))
+    for name in ["sampling-proof", "logit"]:
+        assert all(v.accept for v in check(name, c, task, candidates(prompts, texts))), name
 
 
 def test_sampling_proof_rejects_every_attack(

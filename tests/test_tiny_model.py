@@ -76,3 +76,25 @@ def test_sampled_completions_solve_some_held_out_prompts(model: Any, tokenizer: 
     completions = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     rewards = [task.reward(p, c) for p, c in zip(prompts, completions, strict=True)]
     assert sum(r == 1.0 for r in rewards) >= 3, list(zip(completions, rewards, strict=True))
+
+
+@pytest.mark.parametrize("name", ["tiny-arith-text", "tiny-arith-code-text"])
+def test_sibling_models_are_shipped_and_solve_their_tasks(name: str) -> None:
+    """The attack-study siblings load offline and solve some held-out prompts of the tasks their cards name
+    (arith for both; arith-code for tiny-arith-code-text, which the CODE scenarios use)."""
+    from dgrpo.node.config import LearnerConfig, ModelConfig
+    from dgrpo.node.learner import Learner
+    from dgrpo.protocol.messages import DEFAULT_SAMPLING
+    from dgrpo.tasks import get_task
+
+    folder = MODEL_DIR.parent / name
+    assert (folder / "MODEL_CARD.md").is_file()
+    learner = Learner(ModelConfig(name=f"dgrpo:{name}"), LearnerConfig())
+    tasks = ["arith", "arith-code"] if name == "tiny-arith-code-text" else ["arith"]
+    for task_name in tasks:
+        task = get_task(task_name)
+        prompts = task.eval_prompts(32)
+        sp = DEFAULT_SAMPLING.model_copy(update={"max_new_tokens": 96, "seed": 0})
+        texts = [t[0] for t in learner.generate([p.text for p in prompts], 1, sp)]
+        solved = sum(r == 1.0 for r in (task.reward(p, t) for p, t in zip(prompts, texts, strict=True)))
+        assert solved >= 4, (task_name, texts[:4])
