@@ -7,11 +7,13 @@ reinforced, its stop included. Checks then run on whole micro-batches of logits 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.node.learner import TORCH_LOCK, Learner
 
 
@@ -45,3 +47,33 @@ def teacher_force(
             finally:
                 learner.model.train(was_training)
         yield ForcedBatch(rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu(), [overflow[i] for i in rows])
+
+
+class ModelDefense(Defense):
+    """A defense that checks completions against the node's own model (homogeneous networks): completions
+    whose claimed sampling differs from the run's are rejected (the check is only as strong as the sampling
+    it assumes), the rest are teacher-forced in micro-batches and judged by :meth:`check_batch`."""
+
+    needs_model = True
+
+    def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
+        if ctx.learner is None:
+            raise RuntimeError(f"the {self.name} defense needs the node's model")
+        run = ctx.sampling.model_copy(update={"seed": 0})
+        verdicts: list[Verdict] = [ACCEPT] * len(candidates)
+        todo = []
+        for i, c in enumerate(candidates):
+            if c.sampling.model_copy(update={"seed": 0}) != run:
+                verdicts[i] = self.reject("sampling_mismatch")
+            else:
+                todo.append(i)
+        items = [(candidates[i].prompt.text, candidates[i].text) for i in todo]
+        for batch in teacher_force(ctx.learner, items, run.max_new_tokens, self.options.micro_batch):
+            rows = [todo[r] for r in batch.rows]
+            for i, verdict in zip(rows, self.check_batch(ctx, [candidates[i] for i in rows], batch), strict=True):
+                verdicts[i] = verdict
+        return verdicts
+
+    @abstractmethod
+    def check_batch(self, ctx: DefenseContext, candidates: Sequence[Candidate], batch: ForcedBatch) -> list[Verdict]:
+        """Verdicts for one teacher-forced micro-batch (``candidates`` in the batch's row order)."""

@@ -26,6 +26,7 @@ import re
 import threading
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -92,14 +93,15 @@ def parse_decision(text: str) -> bool | None:
     return bool(found[-1].lower() == "yes")
 
 
-class JudgeBackend:
+class JudgeBackend(ABC):
     """Produces the judge's raw outputs for a list of chat prompts. ``cache`` holds greedy verdicts, shared by
     every node of a process that uses this backend."""
 
     cache: OrderedDict[tuple[str, str], str | None]
 
+    @abstractmethod
     def complete(self, chats: Sequence[list[dict[str, str]]]) -> list[str | None]:
-        raise NotImplementedError
+        """One raw judge output per chat (None when the judge could not be asked)."""
 
 
 class TransformersJudge(JudgeBackend):

@@ -16,8 +16,8 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
-from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
-from dgrpo.defense.forward import teacher_force
+from dgrpo.defense.base import ACCEPT, Candidate, DefenseContext, Verdict
+from dgrpo.defense.forward import ForcedBatch, ModelDefense
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.node.config import Section
 from dgrpo.node.sampler import kept_mask
@@ -59,38 +59,21 @@ def outside_top(
 
 
 @DEFENSES.register("logit")
-class LogitDefense(Defense):
+class LogitDefense(ModelDefense):
     name = "logit"
     cost = 50
-    needs_model = True
     Options = LogitOptions
 
-    def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
-        if ctx.learner is None:
-            raise RuntimeError("the logit check needs the node's model")
+    def check_batch(self, ctx: DefenseContext, candidates: Sequence[Candidate], batch: ForcedBatch) -> list[Verdict]:
         run = ctx.sampling
         k = run.top_k if self.options.top_k is None else self.options.top_k
-        verdicts: list[Verdict] = [ACCEPT] * len(candidates)
-        todo = []
-        for i, c in enumerate(candidates):
-            if c.sampling.model_copy(update={"seed": 0}) != run.model_copy(update={"seed": 0}):
-                verdicts[i] = self.reject("sampling_mismatch")
+        n_out = outside_top(batch.logits, batch.ids, run.temperature, k, run.top_p, self.options.atol, batch.mask)
+        verdicts: list[Verdict] = []
+        for bad, length, over in zip(n_out.tolist(), batch.mask.sum(-1).tolist(), batch.overflow, strict=True):
+            if over:
+                verdicts.append(self.reject("overflow", 1.0))
+            elif bad:
+                verdicts.append(self.reject("outside_top_k", bad / max(length, 1)))
             else:
-                todo.append(i)
-        forced = teacher_force(
-            ctx.learner,
-            [(candidates[i].prompt.text, candidates[i].text) for i in todo],
-            run.max_new_tokens,
-            self.options.micro_batch,
-        )
-        for batch in forced:
-            n_out = outside_top(batch.logits, batch.ids, run.temperature, k, run.top_p, self.options.atol, batch.mask)
-            lengths = batch.mask.sum(-1)
-            for row, bad, length, over in zip(
-                batch.rows, n_out.tolist(), lengths.tolist(), batch.overflow, strict=True
-            ):
-                if over:
-                    verdicts[todo[row]] = self.reject("overflow", 1.0)
-                elif bad:
-                    verdicts[todo[row]] = self.reject("outside_top_k", bad / max(length, 1))
+                verdicts.append(ACCEPT)
         return verdicts

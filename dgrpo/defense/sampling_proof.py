@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
-from dgrpo.defense.forward import teacher_force
+from dgrpo.defense.base import ACCEPT, Candidate, DefenseContext, Verdict
+from dgrpo.defense.forward import ForcedBatch, ModelDefense
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.node.config import Section
 from dgrpo.node.learner import TORCH_LOCK, Learner
@@ -178,56 +178,41 @@ def replay(
 
 
 @DEFENSES.register("sampling-proof")
-class SamplingProofDefense(Defense):
+class SamplingProofDefense(ModelDefense):
     name = "sampling-proof"
     cost = 60
-    needs_model = True
     Options = SamplingProofOptions
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
         self.replayed_ok = 0  # honest completions the fast check failed and the string-level replay accepted
 
-    def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
-        if ctx.learner is None:
-            raise RuntimeError("the sampling proof needs the node's model")
+    def check_batch(self, ctx: DefenseContext, candidates: Sequence[Candidate], batch: ForcedBatch) -> list[Verdict]:
+        assert ctx.learner is not None
         run = ctx.sampling
-        verdicts: list[Verdict] = [ACCEPT] * len(candidates)
-        todo = []
-        for i, c in enumerate(candidates):
-            if c.sampling.model_copy(update={"seed": 0}) != run.model_copy(update={"seed": 0}):
-                verdicts[i] = self.reject("sampling_mismatch")
-            else:
-                todo.append(i)
-        forced = teacher_force(
-            ctx.learner,
-            [(candidates[i].prompt.text, candidates[i].text) for i in todo],
-            run.max_new_tokens,
-            self.options.micro_batch,
+        seeds = [completion_seed(ctx.run_id, ctx.round, c.author, c.prompt.id, c.index) for c in candidates]
+        bad, first, choice = mismatches(
+            batch.logits, batch.ids, seeds, run.temperature, run.top_k, run.top_p, self.options.atol, batch.mask
         )
-        for batch in forced:
-            cands = [candidates[todo[row]] for row in batch.rows]
-            seeds = [completion_seed(ctx.run_id, ctx.round, c.author, c.prompt.id, c.index) for c in cands]
-            bad, first, choice = mismatches(
-                batch.logits, batch.ids, seeds, run.temperature, run.top_k, run.top_p, self.options.atol, batch.mask
-            )
-            for k, row in enumerate(batch.rows):
-                length = int(batch.mask[k].sum())
-                if bad[k] == 0 and batch.overflow[k]:
-                    # Every checked token is the sampler's, so the author stopped at max_new_tokens: the
-                    # text after them was not sampled.
-                    verdicts[todo[row]] = self.reject("overflow", 1.0)
-                    continue
-                if bad[k] <= self.options.max_mismatch_fraction * length and not batch.overflow[k]:
-                    continue
-                c = candidates[todo[row]]
-                prefix = batch.ids[k, : first[k]].tolist()
-                if (
-                    self.options.replay
-                    and plausible_retokenisation(ctx.learner, c.text, prefix, int(choice[k]))
-                    and replay(ctx.learner, c.prompt.text, c.text, seeds[k], run, self.options.atol, prefix)
-                ):
-                    self.replayed_ok += 1
-                    continue
-                verdicts[todo[row]] = self.reject("diverged", bad[k] / max(length, 1))
+        verdicts: list[Verdict] = []
+        for k, c in enumerate(candidates):
+            length = int(batch.mask[k].sum())
+            if bad[k] == 0 and batch.overflow[k]:
+                # Every checked token is the sampler's, so the author stopped at max_new_tokens: the text
+                # after them was not sampled.
+                verdicts.append(self.reject("overflow", 1.0))
+                continue
+            if bad[k] <= self.options.max_mismatch_fraction * length and not batch.overflow[k]:
+                verdicts.append(ACCEPT)
+                continue
+            prefix = batch.ids[k, : first[k]].tolist()
+            if (
+                self.options.replay
+                and plausible_retokenisation(ctx.learner, c.text, prefix, int(choice[k]))
+                and replay(ctx.learner, c.prompt.text, c.text, seeds[k], run, self.options.atol, prefix)
+            ):
+                self.replayed_ok += 1
+                verdicts.append(ACCEPT)
+                continue
+            verdicts.append(self.reject("diverged", bad[k] / max(length, 1)))
         return verdicts
