@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 import trio
 
 from dgrpo.simulations.runner import build_nodes, run_simulation
@@ -36,13 +38,26 @@ def test_two_nodes_two_rounds_writes_results(tmp_path: Path) -> None:
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
-def test_homogeneous_nodes_stay_identical_and_learn() -> None:
-    """Same weights + same exchanged strings + canonical order => same update on every node (paper, sec. 3)."""
+@pytest.mark.parametrize("defense", [None, '["length","arith-check"]'])
+def test_homogeneous_nodes_stay_identical_and_learn(defense: str | None) -> None:
+    """Same weights + same exchanged strings + canonical order => same update on every node (paper, sec. 3).
+    With a defense chain too: every node filters its own completions by the same rules as everyone else's
+    (group-based filters see the same whole group), so all train on the same completions."""
     from dgrpo.node.round import run_round
 
-    sc = load_scenario(None, [*FAST, "nodes.count=3", "round.group_size=6", "learner.lr=1e-3"])
+    overrides = [*FAST, "nodes.count=3", "round.group_size=6", "learner.lr=1e-3"]
+    # A loose length rule so that some completions are rejected in these few rounds.
+    if defense is not None:
+        overrides += [f"defense.chain={defense}", "defense.options.length.ratio=1.05", "defense.options.length.mad_z=0"]
+    sc = load_scenario(None, overrides)
     nodes = build_nodes(sc)
     before = nodes[0].node.learner.weights_digest()
+
+    reports: list[tuple[int]] = []
+
+    async def one(sim: Any, r: int) -> None:
+        report = await run_round(sim.node, sim.transport, sim.inbox, r, sim.transport.peers(), 60.0)
+        reports.append((sum(report.defense_rejected.values()),))
 
     async def main() -> None:
         async with trio.open_nursery() as pumps:
@@ -51,15 +66,15 @@ def test_homogeneous_nodes_stay_identical_and_learn() -> None:
             for r in (1, 2):
                 async with trio.open_nursery() as nursery:
                     for sim in nodes:
-                        nursery.start_soon(
-                            run_round, sim.node, sim.transport, sim.inbox, r, sim.transport.peers(), 60.0
-                        )
+                        nursery.start_soon(one, sim, r)
                 digests = {sim.node.learner.weights_digest() for sim in nodes}
                 assert len(digests) == 1, f"round {r}: weights diverged"
             pumps.cancel_scope.cancel()
 
     trio.run(main)
     assert nodes[0].node.learner.weights_digest() != before  # they did update
+    if defense is not None:
+        assert sum(rejected[0] for rejected in reports) > 0  # the filters did reject something
 
 
 def test_heterogeneous_vertical_run(tmp_path: Path) -> None:

@@ -105,7 +105,7 @@ class Node:
         # else: it receives, scores and trains like any other).
         self.adversary = adversary
         # Filters between receive and learn (paper, sec. 6), and the policy that blacklists peers they keep
-        # rejecting. Our own completions are not checked: a node trusts its own sampling.
+        # rejecting. Our own completions are filtered by the same chain (see _defend), never blacklisted.
         self.defense = defense
         self.reputation = reputation
         self._last_produce_seconds = 0.0
@@ -249,15 +249,16 @@ class Node:
     def _defend(
         self, round_idx: int, valid: Sequence[tuple[Rollout, Prompt]]
     ) -> tuple[dict[tuple[int, int], Verdict], dict[str, Any]]:
-        """The chain's verdict on every peer completion (keyed by (id(rollout), index)), the per-author
-        counts, and the reputation update (who is blacklisted from now on)."""
+        """The chain's verdict on every completion, our own included (keyed by (id(rollout), index)), the
+        per-peer counts, and the reputation update (who is blacklisted from now on)."""
         if self.defense is None:
             return {}, {}
         keys: list[tuple[int, int]] = []
         candidates: list[Candidate] = []
+        # Our own completions go through the chain too: in a homogeneous network every node must train on
+        # the same completions, or the weights drift apart (a node keeping its own false-claim completion that
+        # the others reject); and group-based filters (length) must see the same whole group everywhere.
         for r, prompt in valid:
-            if r.author == self.peer_id:
-                continue
             for i, text in enumerate(r.completions):
                 keys.append((id(r), i))
                 candidates.append(Candidate(r.author, prompt, text, i, r.sampling, r.model_id))
@@ -267,6 +268,8 @@ class Node:
         checked_by: Counter[str] = Counter()
         rejected_by: Counter[str] = Counter()
         for c, v in zip(candidates, result.verdicts, strict=True):
+            if c.author == self.peer_id:
+                continue  # per-peer counts and reputation are about peers
             checked_by[c.author] += 1
             if not v.accept:
                 by_reason[v.reason] += 1
