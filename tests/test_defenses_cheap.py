@@ -106,7 +106,8 @@ def test_code_policy_violations() -> None:
     assert violations("import calc\nprint(calc.addition(1, 2))", allowed) == ["import calc", "call into calc"]
     assert violations("from calc import addition\nprint(addition(1, 2))", allowed) == ["from calc import"]
     assert violations("print(__import__('calc').addition(1, 2))", allowed) == ["call __import__"]
-    assert violations("print(calc.addition(1, 2))", allowed) == ["call into unknown calc"]
+    # A name never imported raises NameError at run time (reward 0): not a policy matter.
+    assert violations("print(calc.addition(1, 2))", allowed) == []
     # Near-misses: the name in a string or a comment is not an import.
     assert violations("# import calc\nprint('calc.addition', 3)", allowed) == []
 

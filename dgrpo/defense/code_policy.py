@@ -2,15 +2,16 @@
 
 Aimed at the in-context CODE attack ("Hail to the Thief", sec. 4.2: ``+`` and ``*`` rewritten into calls to an
 attacker-owned library that the victim has installed). A program is rejected when it imports a module outside
-the allow-list (``import x``, ``from x import y``, ``__import__``, ``importlib``), or calls a function through a
-name that is neither defined in the program, a builtin, nor an allowed module. Programs that do not parse are
-accepted: they earn no reward, so they teach nothing. Tasks whose completions are not programs are passed.
+the allow-list (``import x``, ``from x import y``) or reaches for code by other means (``__import__``, ``eval``,
+``exec``, ``getattr``, ... unless the program defines that name itself). A call through a name the program
+never defines or imports is left alone: it raises NameError, so the program earns no reward and teaches nothing
+(a garbled honest sample does this). Programs that do not parse are accepted for the same reason. Tasks whose
+completions are not programs are passed.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -41,7 +42,7 @@ def violations(program: str, allowed: set[str]) -> list[str]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     found: list[str] = []
-    defined: set[str] = set(dir(builtins)) - FORBIDDEN_CALLS
+    defined: set[str] = set()  # names the program binds itself (a function of its own called `compile`, say)
     modules: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -68,10 +69,8 @@ def violations(program: str, allowed: set[str]) -> list[str]:
         while isinstance(root, ast.Attribute):
             root = root.value
         if isinstance(root, ast.Name):
-            if root.id in FORBIDDEN_CALLS:
+            if root.id in FORBIDDEN_CALLS and root.id not in defined:
                 found.append(f"call {root.id}")
-            elif root.id not in defined and root.id not in modules:
-                found.append(f"call into unknown {root.id}")
             elif root.id in modules and root.id not in allowed and isinstance(node.func, ast.Attribute):
                 found.append(f"call into {root.id}")
     return found
