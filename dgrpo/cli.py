@@ -157,11 +157,11 @@ def node_run(
     if adversary is not None:
         sets.append(f"adversary.name={_json.dumps(adversary)}")
     if defense is not None:
-        from dgrpo.defense import parse_defense_spec
+        from dgrpo.defense.config import needs_seeded_sampler, parse_defense_spec
 
         chain = parse_defense_spec(defense)
         sets.append(f"defense.chain={_json.dumps(chain)}")
-        if "sampling-proof" in chain:
+        if needs_seeded_sampler(chain):
             sets.append("rollout.sampler='seeded'")
     logging.getLogger("dgrpo").setLevel(logging.INFO)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)

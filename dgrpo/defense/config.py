@@ -38,6 +38,17 @@ class DefenseConfig(Section):
     reputation: ReputationConfig = ReputationConfig()
 
 
+def needs_seeded_sampler(chain: list[str]) -> bool:
+    """Whether every node of the run must sample with the seeded sampler (the sampling-proof checks it)."""
+    return "sampling-proof" in chain
+
+
+def check_sampler(chain: list[str], sampler: str, key: str) -> None:
+    """Raise when the chain needs the seeded sampler and ``key`` (the config key of the sampler) is not it."""
+    if needs_seeded_sampler(chain) and sampler != "seeded":
+        raise ValueError(f"the sampling-proof defense needs {key} = 'seeded' (every node samples with it)")
+
+
 def parse_defense_spec(spec: str) -> list[str]:
     """``logit`` or ``length,arith-check,logit`` -> the chain's names."""
     names = [n.strip() for n in spec.split(",") if n.strip()]

@@ -20,7 +20,7 @@ from pydantic_settings import (
 )
 
 from dgrpo.adversary.config import AdversaryConfig
-from dgrpo.defense.config import DefenseConfig
+from dgrpo.defense.config import DefenseConfig, check_sampler
 from dgrpo.errors import ConfigError
 from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig, fill_section
 from dgrpo.overrides import apply_overrides, explain_validation_error
@@ -132,8 +132,7 @@ class NodeSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _sampler_for_proofs(self) -> NodeSettings:
-        if "sampling-proof" in self.defense.chain and self.rollout.sampler != "seeded":
-            raise ValueError("the sampling-proof defense needs rollout.sampler = 'seeded' (every node samples with it)")
+        check_sampler(self.defense.chain, self.rollout.sampler, "rollout.sampler")
         return self
 
     @property

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dgrpo.defense.config import needs_seeded_sampler
 from dgrpo.errors import ConfigError, DgrpoError
 from dgrpo.node.daemon import read_node_file
 from dgrpo.protocol.identity import Identity
@@ -75,7 +76,7 @@ def node_overrides(
         sets.append(f"model.name='{EMBEDDED_MODELS[index % len(EMBEDDED_MODELS)]}'")
     if defense:
         sets.append(f"defense.chain={json.dumps(defense)}")
-        if "sampling-proof" in defense:
+        if needs_seeded_sampler(defense):
             sets.append("rollout.sampler='seeded'")
     if adversary is not None and index >= n - adversary[1]:
         sets.append(f"adversary.name={json.dumps(adversary[0])}")

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dgrpo.adversary.config import AdversaryConfig
-from dgrpo.defense.config import DefenseConfig
+from dgrpo.defense.config import DefenseConfig, check_sampler
 from dgrpo.errors import ConfigError
 from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig, fill_section
 from dgrpo.overrides import apply_overrides, explain_validation_error
@@ -102,8 +102,8 @@ class Scenario(BaseModel):
     def _adversary_for_malicious(self) -> Scenario:
         if self.nodes.malicious and self.adversary is None:
             raise ValueError("nodes.malicious > 0 needs an [adversary] section (e.g. name = 'text')")
-        if self.defense is not None and "sampling-proof" in self.defense.chain and self.round.sampler != "seeded":
-            raise ValueError("the sampling-proof defense needs round.sampler = 'seeded' (every node samples with it)")
+        if self.defense is not None:
+            check_sampler(self.defense.chain, self.round.sampler, "round.sampler")
         return self
 
     def node_rollout(self) -> RolloutConfig:
