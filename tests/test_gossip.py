@@ -212,6 +212,36 @@ def test_blacklisted_peer_is_no_longer_heard() -> None:
     run(main)
 
 
+class _ResetRacesDisconnect:
+    """A pubsub stream whose reset lets the peer's dead-peer handler run first (as when the connection closes
+    during the reset): the entry is gone from ``pubsub.peers`` by the time the reset returns."""
+
+    def __init__(self, stream: Any, peers: dict[Any, Any], peer: ID) -> None:
+        self._stream, self._peers, self._peer = stream, peers, peer
+
+    async def reset(self) -> None:
+        self._peers.pop(self._peer, None)
+        await self._stream.reset()
+
+
+def test_blacklisting_survives_a_disconnect_during_the_stream_reset() -> None:
+    """py-libp2p 0.8.1 deletes the peer's entry after the reset unconditionally: a KeyError that took down the
+    whole Pubsub service (and the node) in a 4-daemon testnet. The node must shrug it off and keep working."""
+
+    async def main() -> None:
+        async with chain() as net:
+            pubsub: Any = net.b._pubsub
+            c = ID.from_base58(net.c.peer_id)
+            pubsub.peers[c] = _ResetRacesDisconnect(pubsub.peers[c], pubsub.peers, c)
+            await pubsub._teardown_if_connected(c)
+            assert c not in pubsub.peers
+            await net.b.blacklist(net.c.peer_id)
+            await net.a.publish(TOPIC, b"still-working")
+            assert (await net.inbox["b"].receive()).data == b"still-working"
+
+    run(main)
+
+
 def test_unreachable_bootstrap_backs_off_and_node_still_works(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, Self
 
@@ -170,6 +170,19 @@ class _Pubsub(Pubsub):
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         self._deliver(publish_message, _FORWARDER.get())
+
+    async def _teardown_if_connected(self, peer_id: ID) -> None:
+        """py-libp2p 0.8.1's version (run by ``add_to_blacklist``) resets the peer's stream and then does
+        ``del self.peers[peer_id]``; when the connection closes during that reset (we disconnect a blacklisted
+        peer at once), the dead-peer handler has already removed the entry, and the KeyError takes down the
+        Pubsub service and with it the node (seen in a 4-daemon testnet, 1 run in 5)."""
+        stream = self.peers.get(peer_id)
+        if stream is not None:
+            with suppress(Exception):  # a stream that is already gone needs no reset
+                await stream.reset()
+            if self.peers.get(peer_id) is stream:
+                del self.peers[peer_id]
+        self._forget_all_subscriptions(peer_id)
 
 
 class _GossipSub(GossipSub):

@@ -90,7 +90,8 @@ def wait_for_node_file(node: NetNode, timeout: float = 120.0) -> dict[str, Any]:
         if info and info.get("listen_addrs"):
             return info
         if node.process.poll() is not None:
-            raise DgrpoError(f"node {node.index} exited with {node.process.returncode}; see {node.state_dir}/node.log")
+            tail = log_tail(node.state_dir)
+            raise DgrpoError(f"node {node.index} exited with {node.process.returncode}; its node.log ends:\n{tail}")
         time.sleep(0.2)
     raise DgrpoError(f"node {node.index} did not come up within {timeout}s; see {node.state_dir}/node.log")
 
@@ -178,6 +179,14 @@ def stop_nodes(nodes: list[NetNode], timeout: float = 60.0) -> bool:
     return clean
 
 
+def log_tail(state_dir: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a node's log, so an early exit explains itself in the caller's error."""
+    path = state_dir / "node.log"
+    if not path.exists():
+        return "(no node.log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def wait_rounds(
     nodes: list[NetNode], rounds: int, on_poll: Callable[[list[dict[str, Any] | None]], None], timeout: float
 ) -> bool:
@@ -189,7 +198,10 @@ def wait_rounds(
             return True
         dead = [nd.index for nd in nodes if nd.process.poll() is not None]
         if dead:
-            raise DgrpoError(f"node(s) {dead} exited early; see their node.log")
+            tails = "\n".join(
+                f"--- node-{i} (exit {nodes[i].process.returncode}):\n{log_tail(nodes[i].state_dir)}" for i in dead
+            )
+            raise DgrpoError(f"node(s) {dead} exited early; the end of their node.log:\n{tails}")
         time.sleep(1.0)
     return False
 
