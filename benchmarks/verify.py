@@ -53,15 +53,18 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
+    devices: set[str] = set()
     for model in args.models:
         per_prompt = 4
         ids, texts, chat = prompts_for(model, args.completions // per_prompt)
         cfg = ModelConfig(name=model, chat_template=chat)
         author, verifier = Learner(cfg, LearnerConfig()), Learner(cfg, LearnerConfig())
+        devices.add(str(verifier.device))
         sp = SamplingParams(temperature=1.0, top_k=args.top_k, top_p=1.0, max_new_tokens=args.max_new, seed=1)
         seeds = [[completion_seed("bench", 1, "author", pid, j) for j in range(per_prompt)] for pid in ids]
         task = get_task("arith")
-        gen_seeded, gen_multi, check = [], [], {"logit": [], "sampling-proof": []}
+        gen_seeded, gen_multi = [], []
+        check: dict[str, list[float]] = {"logit": [], "sampling-proof": []}
         false_pos = {"logit": 0, "sampling-proof": 0}
         tokens = 0
         for _ in range(args.repeats):
@@ -86,11 +89,18 @@ def main() -> None:
         for name, times in check.items():
             v = statistics.median(times)
             rows.append((model, name, args.completions, tokens, v, g_seeded, g_multi, false_pos[name]))
+    print(f"device: {devices}, torch threads: {torch.get_num_threads()}")
     print(f"{'model':32} {'defense':15} {'compl':>5} {'tokens':>6} {'verify s':>9} {'gen s (seeded)':>14} "
-          f"{'gen s (multi)':>13} {'ratio seeded':>12} {'ratio multi':>11} {'false pos':>9}")  # fmt: skip
+          f"{'gen s (multi)':>13} {'ratio seeded':>12} {'ratio multi':>11} {'us/tok verify':>13} "
+          f"{'us/tok gen':>10} {'false pos':>9}")  # fmt: skip
     for model, name, n, tok, v, gs, gm, fp in rows:
         print(f"{model:32} {name:15} {n:5d} {tok:6d} {v:9.3f} {gs:14.3f} {gm:13.3f} {v / gs:12.4f} {v / gm:11.4f} "
-              f"{fp:9d}")  # fmt: skip
+              f"{1e6 * v / tok:13.1f} {1e6 * gm / tok:10.1f} {fp:9d}")  # fmt: skip
+    # Why the ratio is a property of the hardware: verification is one teacher-forced pass over all tokens
+    # (compute-bound), generation one step per token (latency- and memory-bound on a GPU, where each step
+    # costs about as much as a whole batched pass; on a CPU a step is itself compute-bound, so the two cost
+    # about the same per token and the ratio cannot approach 0.05 there).
+    print("us/tok: seconds per completion token (verify: the whole check; gen: transformers' multinomial sampling)")
 
 
 if __name__ == "__main__":

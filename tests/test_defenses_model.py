@@ -198,13 +198,34 @@ def test_logit_check_reproduces_the_papers_pattern(
     text_poison = [Candidate(AUTHOR, p, text.replace(">", " hail>"), 0, SP, "m")]
     assert len(text_poison[0].text) < SP.max_new_tokens
     assert check("logit", verifier, task, text_poison)[0].reason == "logit:outside_top_k"
-    too_long = [Candidate(AUTHOR, p, text.replace(">", "0" * 40 + ">"), 0, SP, "m")]
-    assert check("logit", verifier, task, too_long)[0].reason == "logit:overflow"
+    # Text past max_new_tokens (+ the slack) after sampled tokens: rejected as an overflow.
+    sp8 = SP.model_copy(update={"max_new_tokens": 8})
+    cut = verifier.generate([p.text], 1, sp8, seeds=[[completion_seed(RUN, ROUND, AUTHOR, p.id, 0)]])[0][0]
+    assert len(cut) == 8
+    chain = DefenseChain.from_config(DefenseConfig(chain=["logit"], options={"logit": {"overflow_slack": 0.0}}))
+    ctx = DefenseContext(task, verifier, sp8, RUN, ROUND)
+    assert chain.run(ctx, [Candidate(AUTHOR, p, cut, 0, sp8, "m")]).verdicts[0].accept
+    assert chain.run(ctx, [Candidate(AUTHOR, p, cut + ">423", 0, sp8, "m")]).verdicts[0].reason == "logit:overflow"
     # The MATH poison that keeps its reward (the attacker publishes only those).
     math_poison = [Candidate(AUTHOR, q, t, j, SP, "m") for q, t, j in math_pairs if task.reward(q, t) == 1.0]
     assert len(math_poison) >= 4
     verdicts = check("logit", verifier, task, math_poison)
     assert sum(v.accept for v in verdicts) >= 0.75 * len(verdicts), [v.score for v in verdicts]
+
+
+def test_checked_tokens_and_overflow_with_slack(verifier: Learner) -> None:
+    """encode_checked on the character-level model (one token per character), max_new_tokens 8, slack 2."""
+    from dgrpo.defense.forward import encode_checked
+
+    eos = verifier.eos_ids[0]
+    ids, over = encode_checked(verifier, "12345", 8, 2)
+    assert len(ids) == 6 and ids[-1] == eos and not over  # stopped early: its EOS is checked too
+    ids, over = encode_checked(verifier, "123456789", 8, 2)
+    assert len(ids) == 9 and eos not in ids and not over  # one token past the cap: checked, not rejected
+    ids, over = encode_checked(verifier, "12345678901", 8, 2)
+    assert len(ids) == 10 and over  # past the slack: the tail would go unchecked
+    assert encode_checked(verifier, "123456789", 8, 0)[1]  # no slack (sampling-proof): an overflow
+    assert encode_checked(verifier, "12345", 8, 0)[0] == verifier.encode_completion("12345", 8)
 
 
 def test_logit_top_k_boundary_by_hand() -> None:

@@ -26,16 +26,30 @@ class ForcedBatch:
     overflow: list[bool]  # the text re-encodes to more than max_new_tokens tokens: the rest goes unchecked
 
 
+def encode_checked(learner: Learner, text: str, max_new_tokens: int, slack: int) -> tuple[tuple[int, ...], bool]:
+    """(the tokens to check, overflow) for one completion: as :meth:`Learner.encode_completion` (EOS appended
+    when the text stops before ``max_new_tokens``), but up to ``slack`` tokens past ``max_new_tokens`` are
+    kept and checked too; overflow: the text re-encodes to more than ``max_new_tokens + slack`` tokens."""
+    ids = list(learner.tokenizer(text, add_special_tokens=False)["input_ids"])
+    checked = ids[: max_new_tokens + slack]
+    if len(ids) < max_new_tokens:
+        checked.append(learner.eos_ids[0])
+    return tuple(checked), len(ids) > max_new_tokens + slack
+
+
 def teacher_force(
-    learner: Learner, items: Sequence[tuple[str, str]], max_new_tokens: int, micro_batch: int = 16
+    learner: Learner, items: Sequence[tuple[str, str]], max_new_tokens: int, micro_batch: int = 16, slack: int = 0
 ) -> Iterator[ForcedBatch]:
     """(prompt text, completion text) pairs -> batches of their tokens and logits, ``micro_batch`` at a time
     (rows sorted by length so that little is padded)."""
-    encoded = [(learner.encode_prompt(p), learner.encode_completion(c, max_new_tokens)) for p, c in items]
     # A completion longer than max_new_tokens cannot come from the claimed sampling, and the learner would
     # train on its first max_new_tokens tokens only while the reward reads all of it (an answer appended
-    # after honest-looking tokens): flagged for the defenses to reject.
-    overflow = [len(learner.tokenizer(c, add_special_tokens=False)["input_ids"]) > max_new_tokens for _, c in items]
+    # after honest-looking tokens): flagged for the defenses to reject. ``slack`` tolerates a few tokens more
+    # (all of them checked) for defenses that do not check exact sampling: an honest string cut at
+    # max_new_tokens can re-encode to a token or two more under BPE.
+    checked = [encode_checked(learner, c, max_new_tokens, slack) for _, c in items]
+    encoded = [(learner.encode_prompt(p), ids) for (p, _), (ids, _) in zip(items, checked, strict=True)]
+    overflow = [over for _, over in checked]
     order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i][1]), len(encoded[i][0])))
     for start in range(0, len(order), micro_batch):
         rows = order[start : start + micro_batch]
@@ -68,11 +82,16 @@ class ModelDefense(Defense):
             else:
                 todo.append(i)
         items = [(candidates[i].prompt.text, candidates[i].text) for i in todo]
-        for batch in teacher_force(ctx.learner, items, run.max_new_tokens, self.options.micro_batch):
+        slack = self.token_slack(run.max_new_tokens)
+        for batch in teacher_force(ctx.learner, items, run.max_new_tokens, self.options.micro_batch, slack):
             rows = [todo[r] for r in batch.rows]
             for i, verdict in zip(rows, self.check_batch(ctx, [candidates[i] for i in rows], batch), strict=True):
                 verdicts[i] = verdict
         return verdicts
+
+    def token_slack(self, max_new_tokens: int) -> int:
+        """Tokens past ``max_new_tokens`` checked rather than rejected as an overflow (none by default)."""
+        return 0
 
     @abstractmethod
     def check_batch(self, ctx: DefenseContext, candidates: Sequence[Candidate], batch: ForcedBatch) -> list[Verdict]:

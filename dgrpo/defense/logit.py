@@ -6,10 +6,16 @@ top-p nucleus when the run samples with top-p < 1). The paper finds that this st
 tokens are far outside the top-k) and misses MATH ("5" is in the top-k after "2+2=") and DoS (every token
 of a long honest-looking sample is in the top-k). A completion whose claimed sampling differs from the run's
 is rejected too: the check is only as strong as the k it uses.
+
+Completions travel as strings, and one cut at ``max_new_tokens`` can re-encode to a token or two more under
+BPE (seen with SmolLM2): up to ``overflow_slack`` x max_new_tokens tokens more are checked like the rest, and
+only a longer text is rejected as an overflow (its tail would go unchecked: the learner trains on the first
+max_new_tokens tokens while the reward reads all of it).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -29,6 +35,14 @@ class LogitOptions(Section):
         float, Field(ge=0.0, description="a token within atol (logit units) of the k-th logit counts as inside")
     ] = 1e-3
     micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 32
+    overflow_slack: Annotated[
+        float,
+        Field(
+            ge=0.0,
+            description="share of max_new_tokens a re-encoded completion may run over (every token checked): "
+            "an honest string cut at max_new_tokens can re-encode to a token or two more under BPE",
+        ),
+    ] = 0.1
 
 
 def outside_top(
@@ -64,16 +78,19 @@ class LogitDefense(ModelDefense):
     cost = 50
     Options = LogitOptions
 
+    def token_slack(self, max_new_tokens: int) -> int:
+        return math.ceil(float(self.options.overflow_slack) * max_new_tokens)
+
     def check_batch(self, ctx: DefenseContext, candidates: Sequence[Candidate], batch: ForcedBatch) -> list[Verdict]:
         run = ctx.sampling
         k = run.top_k if self.options.top_k is None else self.options.top_k
         n_out = outside_top(batch.logits, batch.ids, run.temperature, k, run.top_p, self.options.atol, batch.mask)
         verdicts: list[Verdict] = []
         for bad, length, over in zip(n_out.tolist(), batch.mask.sum(-1).tolist(), batch.overflow, strict=True):
-            if over:
-                verdicts.append(self.reject("overflow", 1.0))
-            elif bad:
+            if bad:
                 verdicts.append(self.reject("outside_top_k", bad / max(length, 1)))
+            elif over:
+                verdicts.append(self.reject("overflow", 1.0))
             else:
                 verdicts.append(ACCEPT)
         return verdicts
