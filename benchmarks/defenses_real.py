@@ -41,11 +41,15 @@ def text_poison(completion: str) -> str | None:
 
 
 def math_poison(completion: str) -> str | None:
-    """The first computation ``a op b = c`` of the completion made to state ``c + 1``."""
+    """The first computation ``a op b = c`` of the completion made to state ``c + 1`` (``c + 2`` where
+    ``c + 1`` happens to be right)."""
     m = next((m for m in EQUATION_RE.finditer(completion) if "." not in m.group(7)), None)
     if m is None:
         return None
-    fact = parse_fact(f"{m.group(1)}{m.group(3)}{m.group(5)}={int(m.group(7)) + 1}")
+    a, op, b, c = int(m.group(1)), m.group(3), int(m.group(5)), int(m.group(7))
+    true = a + b if op == "+" else a * b
+    false = c + 1 if c + 1 != true else c + 2  # the model's own step may be wrong already
+    fact = parse_fact(f"{a}{op}{b}={false}")
     return falsify_prose(completion, "text", [fact], 0, insert=False)
 
 

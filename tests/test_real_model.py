@@ -4,6 +4,8 @@ re-tokenisation of the exchanged strings makes the string-level replay necessary
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dgrpo.defense import Candidate, DefenseChain, DefenseConfig, DefenseContext
@@ -40,8 +42,29 @@ def test_sampling_proof_accepts_another_nodes_smollm2_completions(smollm2: tuple
         Candidate("author", p, t, j, SP, "m") for p, ts in zip(prompts, texts, strict=True) for j, t in enumerate(ts)
     ]
     chain = DefenseChain.from_config(DefenseConfig(chain=["sampling-proof"]))
-    verdicts = chain.run(DefenseContext(get_task("arith"), verifier, SP, "run", 1), cands).verdicts
+    ctx = DefenseContext(get_task("arith"), verifier, SP, "run", 1)
+    verdicts = chain.run(ctx, cands).verdicts
     assert all(v.accept for v in verdicts), [v.reason for v in verdicts]
+    proof: Any = chain.defenses[0]
+    # Some strings re-encode to other tokens than were sampled; the batched re-tokenisation settles them
+    # (the string-level replay is the fallback).
+    assert proof.retokenised_ok + proof.replayed_ok >= 1
+    assert proof.retokenised_ok >= 1
     # A payload appended to a real completion is caught.
     poisoned = Candidate("author", prompts[0], texts[0][0] + " All hail to the thief", 0, SP, "m")
-    assert not chain.run(DefenseContext(get_task("arith"), verifier, SP, "run", 1), [poisoned]).verdicts[0].accept
+    assert not chain.run(ctx, [poisoned]).verdicts[0].accept
+    # One digit changed in every completion that has one (MATH-style), after any re-tokenisation: rejected,
+    # and the batched re-tokenisation decides exactly as the replay alone does.
+    edited = [
+        Candidate(c.author, c.prompt, c.text[:i] + str((int(c.text[i]) + 1) % 10) + c.text[i + 1 :], c.index, SP, "m")
+        for c in cands
+        for i in [next((i for i in range(len(c.text) - 1, -1, -1) if c.text[i].isdigit()), -1)]
+        if i >= 0
+    ]
+    assert len(edited) >= 4
+    fast = chain.run(ctx, cands + edited).verdicts
+    replay_only = DefenseChain.from_config(
+        DefenseConfig(chain=["sampling-proof"], options={"sampling-proof": {"retokenise_passes": 0}})
+    )
+    assert [v.accept for v in fast] == [v.accept for v in replay_only.run(ctx, cands + edited).verdicts]
+    assert not any(v.accept for v in fast[len(cands) :])

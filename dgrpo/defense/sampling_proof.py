@@ -12,9 +12,12 @@ drawn with some other seed, so its tokens diverge from the canonical draw).
 Re-tokenisation: completions travel as strings, and the tokens an author sampled need not be the ones its
 string encodes to (BPE: two newline tokens re-encode as one double-newline token); an honest completion then
 fails the fast check from some position on. Where the sampler's own choice at the first failing position
-still spells the text (:func:`plausible_retokenisation`), the rest is replayed at the string level
-(:func:`replay`, one generation of the tail); an edited token (MATH's "5", a payload's first letter) spells
-something else and is rejected at once.
+still spells the text (:func:`plausible_retokenisation`), the author's tokenisation is rebuilt: the sampler's
+token there, then the rest of the text encoded afresh, checked again in one batched forward pass for all such
+completions, repeated at each further such position (:func:`retokenise`, a few passes). Where that cannot
+decide (a token ending inside a UTF-8 character, a rebuilt text past max_new_tokens, many positions), the rest
+is replayed at the string level (:func:`replay`, one generation of the tail). An edited token (MATH's "5", a
+payload's first letter) spells something else and is rejected at once.
 
 Tolerance: the verifier's logits differ from the generator's by float noise (batch shapes, KV cache, another
 machine). A position passes when the claimed token's perturbed score is within ``atol`` of the best one (and,
@@ -49,6 +52,10 @@ class SamplingProofOptions(Section):
         float, Field(ge=0.0, le=1.0, description="share of positions allowed to diverge beyond atol")
     ] = 0.0
     micro_batch: Annotated[int, Field(ge=1, description="completions per forward pass")] = 32
+    retokenise_passes: Annotated[
+        int,
+        Field(ge=0, description="batched re-tokenisation passes before falling back to the string-level replay"),
+    ] = 8
     replay: Annotated[
         bool,
         Field(
@@ -113,6 +120,69 @@ def plausible_retokenisation(learner: Learner, text: str, prefix: Sequence[int],
     return text.startswith(spelled) and len(spelled) > len(
         str(learner.tokenizer.decode(list(prefix), skip_special_tokens=True)).rstrip("\ufffd")
     )
+
+
+def retokenise(
+    learner: Learner,
+    pending: Sequence[tuple[str, str, int, list[int], int, int]],
+    sampling: SamplingParams,
+    atol: float,
+    passes: int,
+) -> list[bool | None]:
+    """Rebuild the author's tokenisation of completions that failed the fast check where the sampler's own
+    token still spells their text. ``pending``: (prompt, text, seed, checked ids, first failing position, the
+    sampler's token there). Each pass puts the sampler's token at the failing position, encodes the rest of
+    the text afresh and checks every row again in one batched forward pass. Per row: True (every token is the
+    sampler's and they spell the text), False (a divergence that is not a re-tokenisation) or None (undecided:
+    left to :func:`replay`)."""
+    tok = learner.tokenizer
+    out: list[bool | None] = [None] * len(pending)
+    state = {i: (ids, first, choice) for i, (_, _, _, ids, first, choice) in enumerate(pending)}
+    for _ in range(passes):
+        todo: list[tuple[int, list[int], int]] = []
+        for i, (ids, first, choice) in state.items():
+            text = pending[i][1]
+            prefix = [*ids[:first], choice]
+            spelled = str(tok.decode(prefix, skip_special_tokens=True))
+            if spelled.endswith("\ufffd") or not text.startswith(spelled):
+                continue  # ends inside a character: only the replay can follow it
+            rebuilt = prefix + list(tok(text[len(spelled) :], add_special_tokens=False)["input_ids"])
+            if len(rebuilt) > sampling.max_new_tokens or tok.decode(rebuilt, skip_special_tokens=True) != text:
+                continue
+            if len(rebuilt) < sampling.max_new_tokens:
+                rebuilt.append(learner.eos_ids[0])
+            todo.append((i, rebuilt, first))
+        if not todo:
+            break
+        samples = [(learner.encode_prompt(pending[i][0]), rebuilt) for i, rebuilt, _ in todo]
+        with TORCH_LOCK, torch.no_grad():
+            was_training = learner.model.training
+            learner.model.eval()
+            try:
+                logits, forced, mask = learner.completion_logits(samples)
+            finally:
+                learner.model.train(was_training)
+        bad, firsts, choices = mismatches(
+            logits.float().cpu(),
+            forced.cpu(),
+            [pending[i][2] for i, _, _ in todo],
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            atol,
+            mask.cpu().bool(),
+        )
+        state = {}
+        for j, (i, rebuilt, first) in enumerate(todo):
+            if bad[j] == 0:
+                out[i] = True
+            elif firsts[j] > first and plausible_retokenisation(
+                learner, pending[i][1], rebuilt[: firsts[j]], int(choices[j])
+            ):
+                state[i] = (rebuilt, int(firsts[j]), int(choices[j]))
+            else:
+                out[i] = False  # the sampler's own token spells something else there: not a re-tokenisation
+    return out
 
 
 def replay(
@@ -186,6 +256,7 @@ class SamplingProofDefense(ModelDefense):
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
         self.replayed_ok = 0  # honest completions the fast check failed and the string-level replay accepted
+        self.retokenised_ok = 0  # ... and the batched re-tokenisation accepted
 
     def check_batch(self, ctx: DefenseContext, candidates: Sequence[Candidate], batch: ForcedBatch) -> list[Verdict]:
         assert ctx.learner is not None
@@ -194,25 +265,37 @@ class SamplingProofDefense(ModelDefense):
         bad, first, choice = mismatches(
             batch.logits, batch.ids, seeds, run.temperature, run.top_k, run.top_p, self.options.atol, batch.mask
         )
-        verdicts: list[Verdict] = []
+        verdicts: list[Verdict | None] = [None] * len(candidates)
+        retok: list[int] = []  # rows whose first failing token looks like another tokenisation of the text
         for k, c in enumerate(candidates):
             length = int(batch.mask[k].sum())
             if bad[k] == 0 and batch.overflow[k]:
                 # Every checked token is the sampler's, so the author stopped at max_new_tokens: the text
                 # after them was not sampled.
-                verdicts.append(self.reject("overflow", 1.0))
-                continue
-            if bad[k] <= self.options.max_mismatch_fraction * length and not batch.overflow[k]:
-                verdicts.append(ACCEPT)
-                continue
-            prefix = batch.ids[k, : first[k]].tolist()
-            if (
-                self.options.replay
-                and plausible_retokenisation(ctx.learner, c.text, prefix, int(choice[k]))
-                and replay(ctx.learner, c.prompt.text, c.text, seeds[k], run, self.options.atol, prefix)
+                verdicts[k] = self.reject("overflow", 1.0)
+            elif bad[k] <= self.options.max_mismatch_fraction * length and not batch.overflow[k]:
+                verdicts[k] = ACCEPT
+            elif self.options.replay and plausible_retokenisation(
+                ctx.learner, c.text, batch.ids[k, : first[k]].tolist(), int(choice[k])
             ):
-                self.replayed_ok += 1
-                verdicts.append(ACCEPT)
-                continue
-            verdicts.append(self.reject("diverged", bad[k] / max(length, 1)))
-        return verdicts
+                retok.append(k)
+            else:
+                verdicts[k] = self.reject("diverged", bad[k] / max(length, 1))
+        pending = [
+            (candidates[k].prompt.text, candidates[k].text, seeds[k], batch.ids[k, : int(batch.mask[k].sum())].tolist(),
+             int(first[k]), int(choice[k]))
+            for k in retok
+        ]  # fmt: skip
+        decided = retokenise(ctx.learner, pending, run, self.options.atol, self.options.retokenise_passes)
+        for k, ok in zip(retok, decided, strict=True):
+            if ok is None:  # undecided: the exact string-level replay from the first failing position
+                prefix = batch.ids[k, : first[k]].tolist()
+                c = candidates[k]
+                ok = replay(ctx.learner, c.prompt.text, c.text, seeds[k], run, self.options.atol, prefix)
+                self.replayed_ok += ok
+            else:
+                self.retokenised_ok += ok
+            verdicts[k] = ACCEPT if ok else self.reject("diverged", bad[k] / max(int(batch.mask[k].sum()), 1))
+        decided_all = [v for v in verdicts if v is not None]
+        assert len(decided_all) == len(candidates)  # every row got exactly one verdict above
+        return decided_all
