@@ -213,6 +213,30 @@ def test_logit_check_reproduces_the_papers_pattern(
     assert sum(v.accept for v in verdicts) >= 0.75 * len(verdicts), [v.score for v in verdicts]
 
 
+def test_shared_prompt_forward_matches_the_full_forward(
+    verifier: Learner, prompts: list[Prompt], honest: list[list[str]]
+) -> None:
+    """Each prompt run once with its KV cache repeated per completion gives the logits of running every
+    (prompt, completion) pair whole, to float noise far below the checks' tolerance."""
+    samples = [
+        (verifier.encode_prompt(p.text), verifier.encode_completion(c, SP.max_new_tokens))
+        for p, cs in zip(prompts[:4], honest[:4], strict=True)
+        for c in cs
+    ]
+    samples.append((verifier.encode_prompt(prompts[5].text), (verifier.eos_ids[0],)))  # a one-token completion
+    assert len({p for p, _ in samples}) < len(samples)  # prompts repeat: there is something to share
+    with torch.no_grad():
+        verifier.model.eval()
+        full, ids, mask = verifier.completion_logits(samples)
+    shared, ids2, mask2 = verifier.completion_logits_shared(samples)
+    assert torch.equal(ids, ids2) and torch.equal(mask, mask2)
+    m = mask.bool()
+    assert (full - shared).abs()[m].max() < 1e-4
+    assert torch.equal(full.argmax(-1)[m], shared.argmax(-1)[m])
+    one = verifier.completion_logits_shared(samples[-1:])[0]
+    assert one.shape[1] == 1 and torch.allclose(one[0, 0], full[-1, 0], atol=1e-4)
+
+
 def test_checked_tokens_and_overflow_with_slack(verifier: Learner) -> None:
     """encode_checked on the character-level model (one token per character), max_new_tokens 8, slack 2."""
     from dgrpo.defense.forward import encode_checked

@@ -40,8 +40,7 @@ def encode_checked(learner: Learner, text: str, max_new_tokens: int, slack: int)
 def teacher_force(
     learner: Learner, items: Sequence[tuple[str, str]], max_new_tokens: int, micro_batch: int = 16, slack: int = 0
 ) -> Iterator[ForcedBatch]:
-    """(prompt text, completion text) pairs -> batches of their tokens and logits, ``micro_batch`` at a time
-    (rows sorted by length so that little is padded)."""
+    """(prompt text, completion text) pairs -> batches of their tokens and logits, ``micro_batch`` at a time."""
     # A completion longer than max_new_tokens cannot come from the claimed sampling, and the learner would
     # train on its first max_new_tokens tokens only while the reward reads all of it (an answer appended
     # after honest-looking tokens): flagged for the defenses to reject. ``slack`` tolerates a few tokens more
@@ -50,14 +49,16 @@ def teacher_force(
     checked = [encode_checked(learner, c, max_new_tokens, slack) for _, c in items]
     encoded = [(learner.encode_prompt(p), ids) for (p, _), (ids, _) in zip(items, checked, strict=True)]
     overflow = [over for _, over in checked]
-    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i][1]), len(encoded[i][0])))
+    # Rows of one prompt go together: each micro-batch runs a prompt once and shares its KV cache among the
+    # prompt's completions (``Learner.completion_logits_shared``); within a prompt, by length.
+    order = sorted(range(len(encoded)), key=lambda i: (encoded[i][0], len(encoded[i][1])))
     for start in range(0, len(order), micro_batch):
         rows = order[start : start + micro_batch]
         with TORCH_LOCK, torch.no_grad():
             was_training = learner.model.training
             learner.model.eval()
             try:
-                logits, ids, mask = learner.completion_logits([encoded[i] for i in rows])
+                logits, ids, mask = learner.completion_logits_shared([encoded[i] for i in rows])
             finally:
                 learner.model.train(was_training)
         yield ForcedBatch(rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu(), [overflow[i] for i in rows])

@@ -27,7 +27,6 @@ positions exceeds ``max_mismatch_fraction`` (0 by default: a poisoner gets no fr
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -39,7 +38,7 @@ from dgrpo.defense.base import ACCEPT, Candidate, DefenseContext, Verdict
 from dgrpo.defense.forward import ForcedBatch, ModelDefense
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.node.config import Section
-from dgrpo.node.learner import TORCH_LOCK, Learner
+from dgrpo.node.learner import TORCH_LOCK, Learner, cache_argument
 from dgrpo.node.sampler import completion_seed, gumbel_noise, kept_mask
 from dgrpo.protocol.messages import SamplingParams
 
@@ -211,8 +210,7 @@ def replay(
     decoded = str(tok.decode(ids, skip_special_tokens=True))
     input_ids = torch.tensor([[*learner.encode_prompt(prompt), *ids]], device=learner.device)
     past = None
-    # transformers 5 renamed past_key_values to cache (argument and output field).
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache_arg = cache_argument(model)
     with TORCH_LOCK, torch.no_grad():
         was_training = model.training
         model.eval()

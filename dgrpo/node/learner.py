@@ -9,6 +9,7 @@ end-of-sequence, so EOS is appended to it for training; a longer one was truncat
 from __future__ import annotations
 
 import hashlib
+import inspect
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +29,11 @@ from dgrpo.protocol.messages import SamplingParams
 # seeding and sampling, or runs stop being reproducible. Training takes the lock too: torch work from
 # several threads would only contend for the same cores.
 TORCH_LOCK = threading.RLock()
+
+
+def cache_argument(model: Any) -> str:
+    """The name of the KV-cache argument and output field (transformers 5 renamed past_key_values to cache)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,49 @@ class Learner:
             input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=width + 1
         ).logits
         return logits[:, -(width + 1) : -1, :], comp, comp_mask
+
+    @torch.no_grad()
+    def completion_logits_shared(
+        self, samples: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """As :meth:`completion_logits` (no gradient), with each distinct prompt run once: a group's completions
+        share their prompt, whose KV cache is repeated for each of them, so the prompt is not recomputed per
+        completion (the defenses check every received completion; a node receives several per prompt)."""
+        prompts = list(dict.fromkeys(tuple(p) for p, _ in samples))
+        index = {p: i for i, p in enumerate(prompts)}
+        rows = torch.tensor([index[tuple(p)] for p, _ in samples], dtype=torch.long, device=self.device)
+        prompt_ids, prompt_mask = self._left_pad(prompts)
+        model: Any = self.model
+        cache_arg = cache_argument(model)
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        first = out.logits[:, -1, :].index_select(0, rows)  # predicts each completion's first token
+        width = max(len(c) for _, c in samples)
+        comp = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
+        comp_mask = torch.zeros((len(samples), width), dtype=torch.long)
+        for row, (_, c) in enumerate(samples):
+            comp[row, : len(c)] = torch.tensor(list(c), dtype=torch.long)
+            comp_mask[row, : len(c)] = 1
+        comp, comp_mask = comp.to(self.device), comp_mask.to(self.device)
+        if width == 1:
+            return first[:, None, :], comp, comp_mask
+        cache = getattr(out, cache_arg)
+        cache.reorder_cache(rows)  # index_select along the batch: repeats each prompt's cache per completion
+        attention = torch.cat([prompt_mask.index_select(0, rows), comp_mask[:, :-1]], dim=1)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)[:, prompt_ids.shape[1] :]
+        rest = model(
+            input_ids=comp[:, :-1],
+            attention_mask=attention,
+            position_ids=position_ids,
+            use_cache=True,
+            **{cache_arg: cache},
+        ).logits  # position t predicts completion token t + 1
+        return torch.cat([first[:, None, :], rest], dim=1), comp, comp_mask
 
     def completion_logprobs(
         self, samples: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
