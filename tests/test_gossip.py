@@ -203,9 +203,15 @@ def test_blacklisted_peer_is_no_longer_heard() -> None:
             await net.c.publish(TOPIC, b"after")
             await net.a.publish(TOPIC, b"from-a")
             assert (await net.inbox["b"].receive()).data == b"from-a"
+            for i in range(3):
+                await net.b.publish(TOPIC, b"from-b-%d" % i)
             await quiescent()
             assert pending(net.inbox["b"]) == []
             assert net.c.peer_id not in net.b.connected_peers()
+            # B keeps no state for the re-dialled C: no subscriptions, no messages queued for it.
+            c = ID.from_base58(net.c.peer_id)
+            assert all(c not in peers for peers in net.b._pubsub.peer_topics.values())
+            assert c not in net.b._router._pending_messages
             with pytest.raises(GossipError, match="not a peer id"):
                 await net.b.blacklist("nonsense")
 

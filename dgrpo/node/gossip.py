@@ -171,6 +171,14 @@ class _Pubsub(Pubsub):
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         self._deliver(publish_message, _FORWARDER.get())
 
+    def handle_subscription(self, origin_id: ID, sub_message: rpc_pb2.RPC.SubOpts) -> None:
+        """Subscriptions from a blacklisted peer are ignored (as go-libp2p-pubsub ignores such a peer). py-libp2p
+        0.8.1 takes them from a blacklisted peer that dials in again and then queues every message we publish
+        for it (100 at a time, with a warning each), although it never registers it as a peer."""
+        if self.is_peer_blacklisted(origin_id):
+            return
+        super().handle_subscription(origin_id, sub_message)
+
     async def _teardown_if_connected(self, peer_id: ID) -> None:
         """py-libp2p 0.8.1's version (run by ``add_to_blacklist``) resets the peer's stream and then does
         ``del self.peers[peer_id]``; when the connection closes during that reset (we disconnect a blacklisted
