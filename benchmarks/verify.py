@@ -27,6 +27,14 @@ from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks import get_task
 from dgrpo.tasks.base import Prompt
 
+# The two checks, and sampling-proof with its string-level replay alone (no batched re-tokenisation passes),
+# to show what the passes save where strings re-encode to other tokens (BPE).
+VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
+    "logit": ("logit", {}),
+    "sampling-proof": ("sampling-proof", {}),
+    "s-p replay only": ("sampling-proof", {"retokenise_passes": 0}),
+}
+
 
 def prompts_for(model: str, n: int) -> tuple[list[str], list[str], bool]:
     """(prompt ids, prompt texts, chat template?) for ``model``: arith for the tiny models, GSM8K-style
@@ -64,8 +72,8 @@ def main() -> None:
         seeds = [[completion_seed("bench", 1, "author", pid, j) for j in range(per_prompt)] for pid in ids]
         task = get_task("arith")
         gen_seeded, gen_multi = [], []
-        check: dict[str, list[float]] = {"logit": [], "sampling-proof": []}
-        false_pos = {"logit": 0, "sampling-proof": 0}
+        check: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        false_pos = dict.fromkeys(VARIANTS, 0)
         tokens = 0
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -79,8 +87,8 @@ def main() -> None:
                      for j, c in enumerate(cs)]  # fmt: skip
             tokens = sum(len(verifier.encode_completion(c.text, args.max_new)) for c in cands)
             ctx = DefenseContext(task, verifier, sp, "bench", 1)
-            for name in check:
-                chain = DefenseChain.from_config(DefenseConfig(chain=[name]))
+            for name, (defense, options) in VARIANTS.items():
+                chain = DefenseChain.from_config(DefenseConfig(chain=[defense], options={defense: options}))
                 t0 = time.perf_counter()
                 verdicts = chain.run(ctx, cands).verdicts
                 check[name].append(time.perf_counter() - t0)

@@ -225,15 +225,15 @@ def test_shared_prompt_forward_matches_the_full_forward(
     ]
     samples.append((verifier.encode_prompt(prompts[5].text), (verifier.eos_ids[0],)))  # a one-token completion
     assert len({p for p, _ in samples}) < len(samples)  # prompts repeat: there is something to share
-    with torch.no_grad():
-        verifier.model.eval()
+    with verifier.inference():
         full, ids, mask = verifier.completion_logits(samples)
-    shared, ids2, mask2 = verifier.completion_logits_shared(samples)
+        shared, ids2, mask2 = verifier.completion_logits_shared(samples)
     assert torch.equal(ids, ids2) and torch.equal(mask, mask2)
     m = mask.bool()
     assert (full - shared).abs()[m].max() < 1e-4
     assert torch.equal(full.argmax(-1)[m], shared.argmax(-1)[m])
-    one = verifier.completion_logits_shared(samples[-1:])[0]
+    with verifier.inference():
+        one = verifier.completion_logits_shared(samples[-1:])[0]
     assert one.shape[1] == 1 and torch.allclose(one[0, 0], full[-1, 0], atol=1e-4)
 
 

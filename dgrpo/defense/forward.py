@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
-from dgrpo.node.learner import TORCH_LOCK, Learner
+from dgrpo.node.learner import Learner
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,8 @@ def teacher_force(
     order = sorted(range(len(encoded)), key=lambda i: (encoded[i][0], len(encoded[i][1])))
     for start in range(0, len(order), micro_batch):
         rows = order[start : start + micro_batch]
-        with TORCH_LOCK, torch.no_grad():
-            was_training = learner.model.training
-            learner.model.eval()
-            try:
-                logits, ids, mask = learner.completion_logits_shared([encoded[i] for i in rows])
-            finally:
-                learner.model.train(was_training)
+        with learner.inference():
+            logits, ids, mask = learner.completion_logits_shared([encoded[i] for i in rows])
         yield ForcedBatch(rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu(), [overflow[i] for i in rows])
 
 

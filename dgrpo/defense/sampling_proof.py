@@ -38,7 +38,7 @@ from dgrpo.defense.base import ACCEPT, Candidate, DefenseContext, Verdict
 from dgrpo.defense.forward import ForcedBatch, ModelDefense
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.node.config import Section
-from dgrpo.node.learner import TORCH_LOCK, Learner, cache_argument
+from dgrpo.node.learner import Learner, cache_argument
 from dgrpo.node.sampler import completion_seed, gumbel_noise, kept_mask
 from dgrpo.protocol.messages import SamplingParams
 
@@ -154,13 +154,8 @@ def retokenise(
         if not todo:
             break
         samples = [(learner.encode_prompt(pending[i][0]), rebuilt) for i, rebuilt, _ in todo]
-        with TORCH_LOCK, torch.no_grad():
-            was_training = learner.model.training
-            learner.model.eval()
-            try:
-                logits, forced, mask = learner.completion_logits(samples)
-            finally:
-                learner.model.train(was_training)
+        with learner.inference():
+            logits, forced, mask = learner.completion_logits_shared(samples)
         bad, firsts, choices = mismatches(
             logits.float().cpu(),
             forced.cpu(),
@@ -211,37 +206,32 @@ def replay(
     input_ids = torch.tensor([[*learner.encode_prompt(prompt), *ids]], device=learner.device)
     past = None
     cache_arg = cache_argument(model)
-    with TORCH_LOCK, torch.no_grad():
-        was_training = model.training
-        model.eval()
-        try:
-            for position in range(len(ids), sampling.max_new_tokens):
-                out = model(input_ids=input_ids, use_cache=True, **{cache_arg: past})
-                past = getattr(out, cache_arg)
-                scores = out.logits[0, -1].double().cpu() / sampling.temperature
-                tokens = kept_mask(scores[None], sampling.top_k, sampling.top_p)[0].nonzero().flatten().numpy()
-                perturbed = scores.numpy()[tokens] + gumbel_noise(seed, position, tokens)
-                order = np.argsort(-perturbed, kind="stable")
-                chosen = None
-                for j in order:
-                    if perturbed[j] < perturbed[order[0]] - atol:
-                        break
-                    token = int(tokens[j])
-                    if token in eos:
-                        if decoded == text:
-                            return True
-                        continue
-                    candidate = str(tok.decode([*ids, token], skip_special_tokens=True))
-                    if text.startswith(candidate.rstrip("\ufffd")):
-                        chosen = token
-                        decoded = candidate
-                        break
-                if chosen is None:
-                    return False
-                ids.append(chosen)
-                input_ids = torch.tensor([[chosen]], device=learner.device)
-        finally:
-            model.train(was_training)
+    with learner.inference():
+        for position in range(len(ids), sampling.max_new_tokens):
+            out = model(input_ids=input_ids, use_cache=True, **{cache_arg: past})
+            past = getattr(out, cache_arg)
+            scores = out.logits[0, -1].double().cpu() / sampling.temperature
+            tokens = kept_mask(scores[None], sampling.top_k, sampling.top_p)[0].nonzero().flatten().numpy()
+            perturbed = scores.numpy()[tokens] + gumbel_noise(seed, position, tokens)
+            order = np.argsort(-perturbed, kind="stable")
+            chosen = None
+            for j in order:
+                if perturbed[j] < perturbed[order[0]] - atol:
+                    break
+                token = int(tokens[j])
+                if token in eos:
+                    if decoded == text:
+                        return True
+                    continue
+                candidate = str(tok.decode([*ids, token], skip_special_tokens=True))
+                if text.startswith(candidate.rstrip("\ufffd")):
+                    chosen = token
+                    decoded = candidate
+                    break
+            if chosen is None:
+                return False
+            ids.append(chosen)
+            input_ids = torch.tensor([[chosen]], device=learner.device)
     return decoded == text
 
 

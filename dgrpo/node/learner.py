@@ -12,7 +12,8 @@ import hashlib
 import inspect
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,18 @@ class Learner:
             out.append(int(i))
         return str(self.tokenizer.decode(out, skip_special_tokens=True))
 
+    @contextmanager
+    def inference(self) -> Iterator[None]:
+        """The model to itself (``TORCH_LOCK``), without gradients and in eval mode, restored on the way out:
+        for generation and for the defenses' forward passes between training steps."""
+        with TORCH_LOCK, torch.no_grad():
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                yield
+            finally:
+                self.model.train(was_training)
+
     # ----------------------------------------------------------------- sampling
     @torch.no_grad()
     def generate(
@@ -145,9 +158,7 @@ class Learner:
             eos_token_id=list(self.eos_ids),
             pad_token_id=self.pad_id,
         )
-        was_training = self.model.training
-        self.model.eval()
-        with TORCH_LOCK:
+        with self.inference():
             torch.manual_seed(sampling.seed)
             for start in range(0, len(rows), batch_rows):
                 chunk = rows[start : start + batch_rows]
@@ -173,8 +184,16 @@ class Learner:
                 new_tokens = generated[:, input_ids.shape[1] :].tolist()
                 for (prompt_index, _, _), ids in zip(chunk, new_tokens, strict=True):
                     out[prompt_index].append(self._decode(ids))
-        self.model.train(was_training)
         return out
+
+    def _right_pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, s in enumerate(seqs):
+            ids[row, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+            mask[row, : len(s)] = 1
+        return ids.to(self.device), mask.to(self.device)
 
     def _left_pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(s) for s in seqs)
@@ -197,13 +216,8 @@ class Learner:
         generation. Only the completion positions' logits are computed (``logits_to_keep``).
         """
         prompt_ids, prompt_mask = self._left_pad([p for p, _ in samples])
-        width = max(len(c) for _, c in samples)
-        comp = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
-        comp_mask = torch.zeros((len(samples), width), dtype=torch.long)
-        for row, (_, c) in enumerate(samples):
-            comp[row, : len(c)] = torch.tensor(list(c), dtype=torch.long)
-            comp_mask[row, : len(c)] = 1
-        comp, comp_mask = comp.to(self.device), comp_mask.to(self.device)
+        comp, comp_mask = self._right_pad([c for _, c in samples])
+        width = comp.shape[1]
         input_ids = torch.cat([prompt_ids, comp], dim=1)
         attention = torch.cat([prompt_mask, comp_mask], dim=1)
         position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
@@ -236,13 +250,8 @@ class Learner:
             logits_to_keep=1,
         )
         first = out.logits[:, -1, :].index_select(0, rows)  # predicts each completion's first token
-        width = max(len(c) for _, c in samples)
-        comp = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
-        comp_mask = torch.zeros((len(samples), width), dtype=torch.long)
-        for row, (_, c) in enumerate(samples):
-            comp[row, : len(c)] = torch.tensor(list(c), dtype=torch.long)
-            comp_mask[row, : len(c)] = 1
-        comp, comp_mask = comp.to(self.device), comp_mask.to(self.device)
+        comp, comp_mask = self._right_pad([c for _, c in samples])
+        width = comp.shape[1]
         if width == 1:
             return first[:, None, :], comp, comp_mask
         cache = getattr(out, cache_arg)
