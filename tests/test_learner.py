@@ -81,6 +81,19 @@ def test_lora_trains_only_adapters_and_kl_uses_the_base_model(random_model_dir: 
             assert torch.equal(p, base[n]), n
 
 
+@pytest.mark.parametrize("lora", [None, LoraConfig(r=4, alpha=8)])
+def test_shared_prompt_logits_match_per_pair_logits(random_model_dir: Path, lora: LoraConfig | None) -> None:
+    """Prompts run once with their KV cache repeated per completion, with and without a peft (LoRA) wrapper
+    (which takes the cache argument by keyword)."""
+    lrn = Learner(ModelConfig(name=str(random_model_dir), lora=lora), LearnerConfig())
+    samples = [((5, 9), (6, 2)), ((5, 9), (7, 3, 2)), ((4,), (6,)), ((5, 9), (8,))]
+    with lrn.inference():
+        full, ids, mask = lrn.completion_logits(samples)
+        shared, ids2, mask2 = lrn.completion_logits_shared(samples)
+    assert torch.equal(ids, ids2) and torch.equal(mask, mask2)
+    assert (full - shared).abs()[mask.bool()].max() < 1e-4
+
+
 def test_beta_without_lora_is_refused(random_model_dir: Path) -> None:
     lrn = Learner(ModelConfig(name=str(random_model_dir)), LearnerConfig(beta=0.1))
     with pytest.raises(ValueError, match="LoRA"):

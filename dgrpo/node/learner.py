@@ -33,8 +33,10 @@ TORCH_LOCK = threading.RLock()
 
 
 def cache_argument(model: Any) -> str:
-    """The name of the KV-cache argument and output field (transformers 5 renamed past_key_values to cache)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    """The name of the KV-cache argument and output field (transformers 5 renamed past_key_values to cache),
+    read from the underlying transformers model (a peft model passes it through as a keyword)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 @dataclass(frozen=True)
