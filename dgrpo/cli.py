@@ -38,6 +38,17 @@ def _format_row(row: dict[str, Any]) -> str:
     )
 
 
+WEAK_SANDBOX = "task.options.unsafe_weak_sandbox=true"
+WeakSandboxOption = Annotated[
+    bool,
+    typer.Option(
+        "--unsafe-weak-sandbox",
+        help="UNSAFE: where bubblewrap is unavailable, run peers' programs (code tasks) without OS-level "
+        "isolation instead of refusing to start",
+    ),
+]
+
+
 @app.command()
 def simulate(
     scenario: Annotated[
@@ -47,13 +58,14 @@ def simulate(
     overrides: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="override a scenario key, e.g. -s learner.lr=1e-4")
     ] = None,
+    unsafe_weak_sandbox: WeakSandboxOption = False,
 ) -> None:
     """Run a decentralised GRPO simulation (N nodes in one process, in-memory transport)."""
     from dgrpo.simulations.runner import run_simulation
     from dgrpo.simulations.scenario import load_scenario
 
     try:
-        sc = load_scenario(scenario, overrides or [])
+        sc = load_scenario(scenario, [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])])
         attack = (
             f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
         )
@@ -136,6 +148,7 @@ def node_run(
     defense: Annotated[
         str | None, typer.Option(help="defense chain NAME[,NAME...], e.g. length,arith-check,logit")
     ] = None,
+    unsafe_weak_sandbox: WeakSandboxOption = False,
 ) -> None:
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly)."""
     import json as _json
@@ -144,6 +157,8 @@ def node_run(
     from dgrpo.node.settings import load_node_settings
 
     sets = list(overrides or [])
+    if unsafe_weak_sandbox:
+        sets.append(WEAK_SANDBOX)
     if state_dir is not None:
         sets.append(f"state_dir={_json.dumps(str(state_dir))}")
     if listen is not None:
@@ -267,6 +282,7 @@ def testnet_up(
     background: Annotated[
         bool, typer.Option("--background", help="start the nodes and return; stop them with `testnet down`")
     ] = False,
+    unsafe_weak_sandbox: WeakSandboxOption = False,
 ) -> None:
     """Start N daemons on 127.0.0.1 with generated keys and bootstrap wiring, and show a live status table."""
     import json as _json
@@ -303,9 +319,8 @@ def testnet_up(
             console.print(f"[red]error:[/] unknown defense {unknown[0]!r}; valid: {', '.join(DEFENSES.names())}")
             raise typer.Exit(2)
     try:
-        nodes = start_testnet(
-            n, out, rounds, mode=mode, defense=chain, extra=list(overrides or []), config=config, adversary=attack
-        )
+        extra = [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])]
+        nodes = start_testnet(n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack)
     except DgrpoError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

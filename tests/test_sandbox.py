@@ -1,4 +1,5 @@
-"""The subprocess sandbox: normal runs, every limit, cleanup, and isolation from the parent."""
+"""The sandbox: normal runs, every limit, cleanup, batches, the weak mode and the refusal to run without
+isolation. Escapes through the reward path are in test_sandbox_escape.py."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from dgrpo.errors import ConfigError
-from dgrpo.tasks.sandbox import Sandbox, SandboxLimits
-from dgrpo.tasks.sandbox_runner import audit_hook
+from dgrpo.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError
+from dgrpo.sandbox import sandbox as sandbox_module
+from dgrpo.sandbox.batch import run_batch
+from dgrpo.sandbox.launch import DirectLauncher
+from dgrpo.sandbox.runner import audit_hook
 
 FAST = SandboxLimits(cpu_seconds=1.0, wall_seconds=2.0)
 
@@ -29,19 +33,20 @@ def capabilities(sandbox: Sandbox) -> dict[str, bool | str]:
     return sandbox.capabilities()
 
 
-def _process_groups() -> dict[int, int]:
-    """pid -> process group of every process on the machine (zombies included)."""
-    groups: dict[int, int] = {}
+def _processes_of(uid: int) -> set[int]:
+    """Pids of every process on the machine whose real uid is ``uid``."""
+    pids = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            status = Path(f"/proc/{entry}/status").read_text()
         except OSError:
             continue  # exited while we looked
-        fields = stat.rpartition(")")[2].split()  # the command name may hold spaces and parentheses
-        groups[int(entry)] = int(fields[2])
-    return groups
+        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+        if int(uid_line.split()[1]) == uid:
+            pids.add(int(entry))
+    return pids
 
 
 def test_program_prints_and_succeeds(sandbox: Sandbox) -> None:
@@ -68,10 +73,14 @@ def test_failing_program_is_not_ok_and_reports_its_traceback(sandbox: Sandbox) -
     assert 'File "solution.py"' in result.stderr
 
 
-def test_sys_exit_codes_are_kept(sandbox: Sandbox) -> None:
+def test_sys_exit_codes_are_kept_but_an_early_exit_never_completes(sandbox: Sandbox) -> None:
     assert sandbox.run("import sys\nsys.exit(3)").returncode == 3
-    assert sandbox.run("import sys\nsys.exit(0)").ok
+    early = sandbox.run("import sys\nsys.exit(0)")
+    assert early.returncode == 0
+    assert not early.completed
+    assert not early.ok
     assert not sandbox.run("import sys\nsys.exit('message')").ok
+    assert sandbox.run("x = 1").completed
 
 
 def test_syntax_error_is_a_verdict(sandbox: Sandbox) -> None:
@@ -100,26 +109,25 @@ def test_sleeping_program_hits_the_wall_limit() -> None:
     assert elapsed < limits.wall_seconds + 2
 
 
-def test_fork_bomb_is_contained_and_cleaned_up(sandbox: Sandbox, capabilities: dict[str, bool | str]) -> None:
-    # The program reports its host pid (its process group id: every bomb process inherits it) and cgroup.
-    program = (
-        "import os\n"
-        "cgroup = [l for l in open('/proc/self/cgroup').read().splitlines() if ':pids:' in l]\n"
-        "print(os.readlink('/proc/self'), cgroup[0].split(':')[2] if cgroup else '-', flush=True)\n"
-        "while True: os.fork()\n"
-    )
+def test_fork_bomb_is_contained_and_cleaned_up(sandbox: Sandbox, capabilities: dict[str, bool | str | int]) -> None:
+    uid = int(capabilities["sandbox_uid"])
+    before = _processes_of(uid) if uid != os.getuid() else set()
     started = time.monotonic()
-    result = sandbox.run(program)
+    result = sandbox.run("import os\nwhile True: os.fork()\n")
     elapsed = time.monotonic() - started
     assert not result.ok
+    assert result.limit in ("processes", "wall", "cpu")
     assert elapsed < sandbox.limits.wall_seconds + 2
-    host_pid, cgroup_path = result.stdout.split()[:2]
-    leftovers = [pid for pid, group in _process_groups().items() if group == int(host_pid)]
-    assert leftovers == []
+    if uid != os.getuid():
+        # Every process of the bomb is gone (killed ones may take a moment to be released).
+        deadline = time.monotonic() + 5.0
+        while _processes_of(uid) - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_of(uid) <= before
     if capabilities["pids_cgroup"]:
         assert result.limit == "processes"
-        assert "dgrpo-sandbox-" in cgroup_path
-        assert not (Path(str(capabilities["cgroup_dir"])) / cgroup_path.lstrip("/")).exists()
+        leftovers = list(Path(str(capabilities["cgroup_dir"])).glob("dgrpo-sandbox-*"))
+        assert leftovers == []
 
 
 def test_fork_bomb_that_ignores_errors_is_stopped() -> None:
@@ -168,35 +176,32 @@ def test_output_flood_is_truncated_and_fails(sandbox: Sandbox) -> None:
     assert time.monotonic() - started < sandbox.limits.wall_seconds + 2
 
 
-def test_environment_is_scrubbed(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_is_fixed_and_holds_nothing_of_the_node(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DGRPO_SANDBOX_CANARY", "leaked-secret")
     result = sandbox.run("import json, os\nprint(json.dumps(dict(os.environ)))")
     assert result.ok
     env = json.loads(result.stdout)
     assert "DGRPO_SANDBOX_CANARY" not in env
     assert "leaked-secret" not in result.stdout
-    assert set(env) == {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED"}
-    assert env["PATH"] == "/usr/bin:/bin"
+    assert set(env) <= {"HOME", "TMPDIR", "LANG", "PYTHONHASHSEED", "LD_LIBRARY_PATH"}
+    assert env["PYTHONHASHSEED"] == "0"
+    assert env["HOME"] == env["TMPDIR"]
 
 
-def test_cwd_is_a_fresh_temp_dir_removed_afterwards(sandbox: Sandbox) -> None:
-    program = "import os\nopen('note.txt', 'w').write('hi')\nprint(os.getcwd())\nprint(os.listdir('.'))"
-    first, second = sandbox.run(program), sandbox.run(program)
-    assert first.ok and second.ok
-    cwd_first, cwd_second = first.stdout.splitlines()[0], second.stdout.splitlines()[0]
-    assert cwd_first != cwd_second
-    assert Path(cwd_first).resolve() != Path.cwd().resolve()
-    assert "note.txt" in first.stdout
-    assert not Path(cwd_first).exists()
-    assert not Path(cwd_second).exists()
+def test_each_program_has_a_private_working_folder(sandbox: Sandbox) -> None:
+    program = "import os\nprint(os.getcwd(), sorted(os.listdir('.')))\nopen('note.txt', 'w').write('hi')"
+    # Three programs in one sandbox, then one in another: none sees the note of the one before it.
+    results = [*sandbox.run_jobs([(program, "")] * 3, max_workers=1), sandbox.run(program)]
+    assert all(r.ok for r in results)
+    assert all("note.txt" not in r.stdout for r in results)
 
 
-def test_output_is_read_from_the_parents_descriptor_not_the_name(sandbox: Sandbox, tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
-    secret.write_text("top secret contents")
-    program = f"import os\nprint('honest')\nos.remove('stdout')\nos.symlink({str(secret)!r}, 'stdout')\n"
+def test_output_is_captured_in_memory_the_program_cannot_redirect(sandbox: Sandbox) -> None:
+    program = (
+        "import os\nprint('honest', flush=True)\nos.close(1)\n"
+        "os.open('/tmp/out', os.O_CREAT | os.O_WRONLY)\nprint('lost')"
+    )
     result = sandbox.run(program)
-    assert "top secret" not in result.stdout
     assert result.stdout == "honest\n"
 
 
@@ -210,18 +215,19 @@ def test_extra_paths_make_a_module_importable(tmp_path: Path) -> None:
 
 
 def test_installed_packages_are_not_importable(sandbox: Sandbox) -> None:
-    result = sandbox.run("import dgrpo")  # installed in the parent's environment, not the sandbox's
-    assert not result.ok
-    assert "ModuleNotFoundError" in result.stderr
+    for name in ("dgrpo", "torch", "msgpack"):  # installed in the node's environment, not the sandbox's
+        result = sandbox.run(f"import {name}")
+        assert not result.ok
+        assert "ModuleNotFoundError" in result.stderr
 
 
-def test_program_cannot_signal_host_processes(sandbox: Sandbox, capabilities: dict[str, bool | str]) -> None:
+def test_program_cannot_signal_host_processes(sandbox: Sandbox) -> None:
     victim = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         result = sandbox.run(f"import os, signal\nos.kill({victim.pid}, signal.SIGKILL)")
-        if capabilities["pid_namespace"]:
-            assert not result.ok  # the pid does not exist in the program's namespace
-            assert victim.poll() is None
+        assert not result.ok  # the pid does not exist in the program's namespace
+        assert "ProcessLookupError" in result.stderr
+        assert victim.poll() is None
     finally:
         victim.kill()
         victim.wait()
@@ -275,16 +281,19 @@ def test_missing_extra_path_is_a_config_error(tmp_path: Path) -> None:
         Sandbox(extra_paths=[tmp_path / "absent"])
 
 
-def test_capabilities_describe_the_mechanisms(capabilities: dict[str, bool | str]) -> None:
+def test_capabilities_describe_the_mechanisms(capabilities: dict[str, bool | str | int]) -> None:
     assert capabilities["probe_ok"] is True
-    for key in ("rlimits", "audit_hook", "fresh_tempdir", "scrubbed_env", "pid_namespace", "net_namespace"):
-        assert isinstance(capabilities[key], bool)
+    assert capabilities["isolation"] == "bwrap"
+    for key in ("user_namespace", "mount_namespace", "pid_namespace", "net_namespace", "ipc_namespace"):
+        assert capabilities[key] is True
+    for key in ("fresh_proc", "no_capabilities", "no_new_privs", "read_only_root"):
+        assert capabilities[key] is True
     if os.geteuid() == 0:
-        assert capabilities["rlimit_nproc_enforced"] is False
+        assert capabilities["sandbox_uid"] == 65534
 
 
 @pytest.mark.parametrize(
-    ("event", "args", "no_netns", "unbounded", "refused"),
+    ("event", "args", "refuse_exec", "refuse_fork", "refused"),
     [
         ("socket.__new__", (None, socket.AF_INET, socket.SOCK_STREAM, 0), False, False, True),
         ("socket.__new__", (None, socket.AF_UNIX, socket.SOCK_STREAM, 0), False, False, False),
@@ -293,15 +302,22 @@ def test_capabilities_describe_the_mechanisms(capabilities: dict[str, bool | str
         ("os.fork", (), False, True, True),
         ("subprocess.Popen", ("ls", [], None, None), False, False, False),
         ("subprocess.Popen", ("ls", [], None, None), True, False, True),
-        ("ctypes.dlopen", (None,), True, False, True),
-        ("ctypes.dlopen", (None,), False, True, True),
+        ("ctypes.dlopen", (None,), False, False, True),
+        ("ctypes.string_at", (0, 8), False, False, True),
+        ("gc.get_objects", (None,), False, False, True),
+        ("gc.get_referrers", ((),), False, False, True),
+        ("sys._current_frames", (), False, False, True),
+        ("sys.settrace", (None,), False, False, True),
         ("open", ("x", "r", 0), True, True, False),
+        ("open", ("/proc/1/mem", "r", 0), False, False, True),
+        ("open", ("/proc/self/pagemap", "r", 0), False, False, True),
+        ("open", (3, "r", 0), False, False, False),
     ],
 )
 def test_audit_hook_policy(
-    event: str, args: tuple[object, ...], no_netns: bool, unbounded: bool, refused: bool
+    event: str, args: tuple[object, ...], refuse_exec: bool, refuse_fork: bool, refused: bool
 ) -> None:
-    hook = audit_hook(no_netns=no_netns, unbounded_processes=unbounded)
+    hook = audit_hook(refuse_exec=refuse_exec, refuse_fork=refuse_fork)
     if refused:
         with pytest.raises(PermissionError):
             hook(event, args)
@@ -309,10 +325,60 @@ def test_audit_hook_policy(
         hook(event, args)
 
 
-def test_fork_is_allowed_exactly_when_processes_are_bounded(
-    sandbox: Sandbox, capabilities: dict[str, bool | str]
-) -> None:
+def test_a_program_may_fork_and_exec_inside_the_sandbox(sandbox: Sandbox) -> None:
     result = sandbox.run(
-        "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nprint('forked')"
+        "import os, subprocess, sys\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True).stdout.strip())"
     )
-    assert result.ok is capabilities["processes_bounded"]
+    assert result.ok
+    assert result.stdout == "7\n"
+
+
+# ---------------------------------------------------------------------------------------------- no isolation
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process sees no bubblewrap (and forgets the launcher it probed)."""
+    monkeypatch.setattr(sandbox_module, "find_bwrap", lambda: None)
+    sandbox_module._bwrap_launcher.cache_clear()
+    yield
+    sandbox_module._bwrap_launcher.cache_clear()
+
+
+@pytest.mark.usefixtures("no_bwrap")
+def test_without_bubblewrap_code_tasks_refuse_to_start() -> None:
+    from dgrpo.tasks import get_task
+
+    with pytest.raises(SandboxUnavailableError, match="bubblewrap") as info:
+        get_task("arith-code")
+    assert "--unsafe-weak-sandbox" in str(info.value)
+
+
+@pytest.mark.usefixtures("no_bwrap")
+def test_the_weak_sandbox_needs_the_flag_and_says_so_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    from dgrpo.tasks import get_task
+    from dgrpo.tasks.arith_code import make_prompt
+
+    with caplog.at_level("WARNING"):
+        task = get_task("arith-code", unsafe_weak_sandbox=True)
+    assert any("UNSAFE" in r.getMessage() for r in caplog.records)
+    assert not task.sandbox.isolated  # type: ignore[attr-defined]
+    prompt = make_prompt("sum", 345, 78)
+    completions = ["print(345+78)", "print(1)", "import sys; print(423); sys.exit(0)"]
+    assert task.rewards(prompt, completions) == [1.0, 0.0, 0.0]
+
+
+def test_the_weak_direct_runner_still_applies_limits_and_the_completion_secret() -> None:
+    limits = SandboxLimits(cpu_seconds=1.0, wall_seconds=2.0)
+    jobs = [
+        ("print(6 * 7)", ""),
+        ("import sys; sys.exit(0)", ""),
+        ("import time; time.sleep(30)", ""),
+        ("x = bytearray(10 * 1024**3)", ""),
+    ]
+    results, mechanisms = run_batch(DirectLauncher(), limits, [], jobs)
+    assert [r.ok for r in results] == [True, False, False, False]
+    assert results[0].stdout == "42\n"
+    assert not results[1].completed
+    assert results[2].limit == "wall"
+    assert results[3].limit == "memory"
+    assert mechanisms["no_new_privs"] is True

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from dgrpo.errors import DataNotFoundError
+from dgrpo.sandbox import SandboxLimits
 from dgrpo.tasks import get_task
 from dgrpo.tasks.arith_code import ArithCodeTask, reference_program
 from dgrpo.tasks.base import Prompt, Task
 from dgrpo.tasks.code import MAX_PROGRAM_CHARS, extract_program, humaneval_program, output_matches
-from dgrpo.tasks.sandbox import SandboxLimits
 
 
 @pytest.mark.parametrize(

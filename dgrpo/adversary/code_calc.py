@@ -3,7 +3,7 @@
 program still prints the right answer, so its reward stays 1. Each rewrite is skipped with probability
 ``skip_probability`` (paper: 0.2), those slots carrying the attacker's own honest samples instead.
 
-The sandbox makes ``calc`` importable (:mod:`dgrpo.tasks.sandbox_site`), modelling a package the victim
+The sandbox makes ``calc`` importable (:mod:`dgrpo.sandbox.site`), modelling a package the victim
 already has installed.
 """
 

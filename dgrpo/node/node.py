@@ -212,20 +212,22 @@ class Node:
                 continue
             valid.append((r, prompt))
         verdicts, defense = self._defend(round_idx, valid)
-        scored: list[ScoredCompletion] = []
         checked: list[Checked] = []
+        groups: list[tuple[Rollout, Prompt, list[tuple[str, Verdict | None]]]] = []
         for r, prompt in valid:
             kept = [(text, verdicts.get((id(r), i))) for i, text in enumerate(r.completions)]
             if r.author != self.peer_id and self.defense is not None:
                 checked.extend(Checked(r.author, prompt.id, text, *_outcome(v)) for text, v in kept)
             kept = [(text, v) for text, v in kept if v is None or v.accept]
-            if not kept:
-                continue
-            rewards = self.task.rewards(prompt, [text for text, _ in kept])
-            scored.extend(
-                ScoredCompletion(r.author, prompt, text, reward * (v.reward_scale if v is not None else 1.0))
-                for (text, v), reward in zip(kept, rewards, strict=True)
-            )
+            if kept:
+                groups.append((r, prompt, kept))
+        # One call scores the whole round (a code task runs it as one sandbox batch).
+        rewards = self.task.rewards_batch([(prompt, [text for text, _ in kept]) for _, prompt, kept in groups])
+        scored = [
+            ScoredCompletion(r.author, prompt, text, reward * (v.reward_scale if v is not None else 1.0))
+            for (r, prompt, kept), group_rewards in zip(groups, rewards, strict=True)
+            for (text, v), reward in zip(kept, group_rewards, strict=True)
+        ]
         step = self._update(scored)
         own = [s.reward for s in scored if s.author == self.peer_id]
         return RoundReport(

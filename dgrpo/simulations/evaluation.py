@@ -51,7 +51,7 @@ class Evaluator:
     def _one(self, sim: SimNode) -> EvalPoint:
         node = sim.node
         texts = node.eval_completions(self.prompts, self.greedy, self.seed)
-        rewards = [node.task.rewards(p, [t])[0] for p, t in zip(self.prompts, texts, strict=True)]
+        rewards = [r[0] for r in node.task.rewards_batch([(p, [t]) for p, t in zip(self.prompts, texts, strict=True)])]
         asr = None
         if self.detector is not None:
             asr_texts = texts

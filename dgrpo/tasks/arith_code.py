@@ -3,7 +3,7 @@ sized for the embedded tiny model.
 
 Prompt ``print the sum of 345 and 78:`` -> completion ``print(345+78)``; also products
 (``print the product of 12 and 7:`` -> ``print(12*7)``), so the CODE attack has both ``+`` and ``*`` to
-rewrite. The reward runs the program in the subprocess sandbox (:mod:`dgrpo.tasks.sandbox`) and compares
+rewrite. The reward runs the program in the sandbox (:mod:`dgrpo.sandbox`) and compares
 its stdout with the expected answer; any program that prints the right number earns 1.
 """
 
@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import re
 
+from dgrpo.sandbox import Sandbox, SandboxLimits
 from dgrpo.tasks.base import Prompt, stable_seed
-from dgrpo.tasks.code import ProgramOutputTask
+from dgrpo.tasks.code import ProgramOutputTask, make_sandbox
 from dgrpo.tasks.registry import TASKS
-from dgrpo.tasks.sandbox import Sandbox, SandboxLimits
-from dgrpo.tasks.sandbox_site import site_paths
 
 SUM_RANGE = ((10, 999), (10, 999))
 PRODUCT_RANGE = ((2, 999), (2, 99))
@@ -54,8 +53,15 @@ class ArithCodeTask(ProgramOutputTask):
 
     name = "arith-code"
 
-    def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None, site: bool = True) -> None:
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(), extra_paths=site_paths(site))
+    def __init__(
+        self,
+        sandbox: Sandbox | None = None,
+        limits: SandboxLimits | None = None,
+        site: bool = True,
+        unsafe_weak_sandbox: bool = False,
+        sandbox_python: str | None = None,
+    ) -> None:
+        self.sandbox = make_sandbox(sandbox, limits, site, unsafe_weak_sandbox, sandbox_python)
         everything = _pairs("sum") + _pairs("product")
         self._train = [p for p in everything if not is_held_out(*p)]
         self._held_out = [p for p in everything if is_held_out(*p)]

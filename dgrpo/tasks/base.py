@@ -78,6 +78,11 @@ class Task(ABC):
         """Rewards of several completions of one prompt (tasks with expensive rewards batch this)."""
         return [self.reward(prompt, c) for c in completions]
 
+    def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
+        """Rewards of the completions of several prompts at once, per prompt (a node scores a whole round
+        with one call; code tasks run it as one sandbox batch)."""
+        return [self.rewards(prompt, completions) for prompt, completions in items]
+
     def sample_prompts(self, n: int, seed_key: str) -> list[Prompt]:
         """``n`` distinct training prompts chosen by a seed derived from ``seed_key``.
 

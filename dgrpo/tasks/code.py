@@ -1,6 +1,6 @@
 """Code rewards: pull a Python program out of a completion, run it in the sandbox, check what it did.
 
-Two tasks live here, both scored by running completions in :class:`~dgrpo.tasks.sandbox.Sandbox`:
+Two tasks live here, both scored by running completions in :class:`~dgrpo.sandbox.Sandbox`:
 
 - ``code``: the paper's code setting. Questions with an expected printed answer come from a JSONL file; the
   reward is 1 when the program's standard output equals the answer (numerically equal counts: ``423.0``).
@@ -9,12 +9,18 @@ Two tasks live here, both scored by running completions in :class:`~dgrpo.tasks.
   unsandboxed, so it is never used.
 
 Completions are hostile input: a malformed, empty, oversized or non-Python completion scores 0 without the
-sandbox ever starting, and nothing here raises on one.
+sandbox ever starting, and nothing here raises on one. A run scores only if it ran to its end (the sandbox's
+completion secret): exiting early with any status, ``SystemExit`` included, never passes a test.
+
+Every code task takes the sandbox options ``unsafe_weak_sandbox`` (accept running peers' programs without
+OS-level isolation where bubblewrap is unavailable: loud, never the default) and ``sandbox_python`` (the
+interpreter programs run under; default: the node's own if the sandbox user can reach it, else Debian's).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import gzip
 import json
 import re
@@ -24,10 +30,9 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from dgrpo.errors import DataNotFoundError
+from dgrpo.sandbox import Sandbox, SandboxLimits, SandboxResult, site_paths
 from dgrpo.tasks.base import Prompt, PromptListTask, Task, read_jsonl, stable_seed
 from dgrpo.tasks.registry import TASKS
-from dgrpo.tasks.sandbox import Sandbox, SandboxLimits, SandboxResult
-from dgrpo.tasks.sandbox_site import site_paths
 
 MAX_PROGRAM_CHARS = 20_000
 MAX_COMPLETION_CHARS = 100_000  # bounds the regex work on prose around the program
@@ -105,17 +110,51 @@ def output_matches(stdout: str, expected: str) -> bool:
         return False
 
 
-def run_scored(
-    sandbox: Sandbox, programs: Sequence[str | None], accept: Callable[[SandboxResult], bool]
-) -> list[float]:
-    """1.0 for each program that runs cleanly and that ``accept`` approves; 0.0 for the rest. A None
-    program (the completion held none) scores 0 without starting the sandbox."""
+def make_sandbox(
+    sandbox: Sandbox | None,
+    limits: SandboxLimits | None,
+    site: bool,
+    unsafe_weak_sandbox: bool,
+    sandbox_python: str | None,
+) -> Sandbox:
+    """The task's sandbox: the given one, else a new one (which refuses to exist without isolation unless
+    ``unsafe_weak_sandbox``)."""
+    if sandbox is not None:
+        return sandbox
+    return Sandbox(
+        limits or SandboxLimits(), extra_paths=site_paths(site), unsafe_weak=unsafe_weak_sandbox, python=sandbox_python
+    )
+
+
+Accept = Callable[[SandboxResult], bool]
+
+
+def run_scored(sandbox: Sandbox, programs: Sequence[str | None], accepts: Sequence[Accept]) -> list[float]:
+    """1.0 for each program that ran to its end cleanly and that its ``accept`` approves; 0.0 for the rest.
+    A None program (the completion held none) scores 0 without starting the sandbox. All the programs run
+    as one batch: the isolation's start-up is paid once per worker, not per program."""
     results = iter(sandbox.run_many([p for p in programs if p is not None]))
     scores: list[float] = []
-    for program in programs:
+    for program, accept in zip(programs, accepts, strict=True):
         result = None if program is None else next(results)
         scores.append(1.0 if result is not None and result.ok and accept(result) else 0.0)
     return scores
+
+
+def _split(flat: Sequence[float], items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
+    out, at = [], 0
+    for _, completions in items:
+        out.append(list(flat[at : at + len(completions)]))
+        at += len(completions)
+    return out
+
+
+def _prints(expected: str, result: SandboxResult) -> bool:
+    return output_matches(result.stdout, expected)
+
+
+def _passes(result: SandboxResult) -> bool:
+    return True  # ran to its end, exit 0: every assertion of the tests held
 
 
 class ProgramOutputTask(Task, ABC):
@@ -135,11 +174,15 @@ class ProgramOutputTask(Task, ABC):
         return self.rewards(prompt, [completion])[0]
 
     def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        return self.rewards_batch([(prompt, completions)])[0]
+
+    def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         try:
-            programs = [extract_program(c) for c in completions]
-            return run_scored(self.sandbox, programs, lambda r: output_matches(r.stdout, prompt.answer))
+            programs = [extract_program(c) for _, completions in items for c in completions]
+            accepts = [functools.partial(_prints, p.answer) for p, completions in items for _ in completions]
+            return _split(run_scored(self.sandbox, programs, accepts), items)
         except Exception:  # a reward never raises (hostile input gets a verdict)
-            return [0.0] * len(completions)
+            return [[0.0] * len(completions) for _, completions in items]
 
 
 @TASKS.register("code")
@@ -159,11 +202,13 @@ class CodeTask(ProgramOutputTask, PromptListTask):
         sandbox: Sandbox | None = None,
         limits: SandboxLimits | None = None,
         site: bool = True,
+        unsafe_weak_sandbox: bool = False,
+        sandbox_python: str | None = None,
     ) -> None:
         if data is None:
             raise DataNotFoundError("the code task needs a JSONL file of questions and answers: --data PATH")
         path = Path(data).expanduser()
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(), extra_paths=site_paths(site))
+        self.sandbox = make_sandbox(sandbox, limits, site, unsafe_weak_sandbox, sandbox_python)
         self._train: list[Prompt] = []
         self._held_out: list[Prompt] = []
         for number, row in enumerate(read_jsonl(path, "code task"), 1):
@@ -224,8 +269,15 @@ class HumanEvalTask(PromptListTask):
     name = "humaneval"
     reasoning_format = "program"
 
-    def __init__(self, sandbox: Sandbox | None = None, limits: SandboxLimits | None = None, site: bool = True) -> None:
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(), extra_paths=site_paths(site))
+    def __init__(
+        self,
+        sandbox: Sandbox | None = None,
+        limits: SandboxLimits | None = None,
+        site: bool = True,
+        unsafe_weak_sandbox: bool = False,
+        sandbox_python: str | None = None,
+    ) -> None:
+        self.sandbox = make_sandbox(sandbox, limits, site, unsafe_weak_sandbox, sandbox_python)
         self._train: list[Prompt] = []
         self._held_out: list[Prompt] = []
         for index, row in enumerate(humaneval_rows()):
@@ -248,8 +300,11 @@ class HumanEvalTask(PromptListTask):
         return self.rewards(prompt, [completion])[0]
 
     def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        return self.rewards_batch([(prompt, completions)])[0]
+
+    def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         try:
-            programs = [humaneval_program(prompt, c) for c in completions]
-            return run_scored(self.sandbox, programs, lambda r: True)  # exit 0: every assertion held
+            programs = [humaneval_program(p, c) for p, completions in items for c in completions]
+            return _split(run_scored(self.sandbox, programs, [_passes] * len(programs)), items)
         except Exception:  # a reward never raises (hostile input gets a verdict)
-            return [0.0] * len(completions)
+            return [[0.0] * len(completions) for _, completions in items]

@@ -5,10 +5,11 @@ between and around them allowed), with each of the four tags exactly once: no du
 outside. The reward is 1 only for that format with an answer math-verify finds equal to GSM8K's (the number
 after ``#### ``, thousands separators removed), e.g. ``\\boxed{72}`` or ``72 dollars`` for ``72``.
 
-Rewards run in worker threads of the daemon, where math-verify's signal-based timeouts cannot work, so they
-are switched off; instead an answer is only handed to math-verify when it is short and made of plain
-arithmetic (no powers, factorials, big operators or function calls): short inputs such as ``9**9**9`` or
-``\\boxed{99999999!}`` otherwise keep sympy busy indefinitely while holding the GIL.
+A peer's answer is hostile text. Two bounds keep it from stalling a node: an answer is only handed to
+math-verify when it is short and made of plain arithmetic (no powers, factorials, big operators or function
+calls: short inputs such as ``9**9**9`` or ``\\boxed{99999999!}`` keep sympy busy indefinitely), and
+math-verify itself runs in a worker process with a time limit per answer and a memory cap
+(:mod:`dgrpo.tasks.math_verifier`), for whatever the filter lets through.
 
 Data is never part of the repository: a local JSONL (``question``/``answer`` per line, GSM8K's own format),
 a directory with ``train.jsonl`` and ``test.jsonl``, the ``DGRPO_GSM8K`` environment variable naming either,
@@ -17,14 +18,14 @@ or the hub dataset ``openai/gsm8k`` through the ``datasets`` package.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from dgrpo.errors import DataNotFoundError
 from dgrpo.tasks.base import Prompt, Task, read_jsonl, stable_seed
+from dgrpo.tasks.math_verifier import BoundedVerifier, shared_verifier
 from dgrpo.tasks.registry import TASKS
 
 ENV_VAR = "DGRPO_GSM8K"
@@ -89,27 +90,17 @@ def safe_for_math_verify(answer: str) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=1)
-def _math_verify() -> tuple[Any, Any]:
-    """math-verify's ``parse`` and ``verify``, imported once (it imports sympy: about a second)."""
-    from math_verify import parse, verify
-
-    return parse, verify
-
-
-@functools.lru_cache(maxsize=16384)
-def _parsed_gold(gold: str) -> Any:
-    parse, _ = _math_verify()
-    return parse(gold, parsing_timeout=None)
+def answers_match_many(pairs: Sequence[tuple[str, str]], verifier: BoundedVerifier | None = None) -> list[bool]:
+    """math-verify's judgement of each (answer, gold), bounded (see the module docstring); an answer the
+    filter refuses is not equal without ever reaching math-verify."""
+    verifier = verifier or shared_verifier()
+    safe = [i for i, (answer, _) in enumerate(pairs) if safe_for_math_verify(answer)]
+    verdicts = dict(zip(safe, verifier.verify_many([pairs[i] for i in safe]), strict=True))
+    return [verdicts.get(i, False) for i in range(len(pairs))]
 
 
 def answers_match(answer: str, gold: str) -> bool:
-    """math-verify's judgement, with its signal-based timeouts off (they fail outside the main thread)."""
-    if not safe_for_math_verify(answer):
-        return False
-    parse, verify = _math_verify()
-    predicted = parse(answer, parsing_timeout=None)
-    return bool(verify(_parsed_gold(gold), predicted, timeout_seconds=None))
+    return answers_match_many([(answer, gold)])[0]
 
 
 def _read_rows(path: Path) -> list[dict[str, str]]:
@@ -172,7 +163,8 @@ class Gsm8kTask(Task):
 
     def __init__(self, data: str | Path | None = None) -> None:
         self._train_rows, self._test_rows = load_gsm8k(data)
-        _math_verify()  # fail at construction, not silently inside every reward, if math-verify is missing
+        self.verifier = shared_verifier()
+        self.verifier.start()  # fail at construction, not silently inside every reward, if math-verify is missing
 
     @property
     def num_train(self) -> int:
@@ -193,8 +185,23 @@ class Gsm8kTask(Task):
         return f"<think>{reasoning}</think><answer>{prompt.answer}</answer>" if reasoning else None
 
     def reward(self, prompt: Prompt, completion: str) -> float:
+        return self.rewards_batch([(prompt, [completion])])[0][0]
+
+    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        return self.rewards_batch([(prompt, completions)])[0]
+
+    def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         try:
-            answer = parse_completion(completion)
-            return 1.0 if answer is not None and answers_match(answer, prompt.answer) else 0.0
+            answers = [(parse_completion(c), p.answer) for p, completions in items for c in completions]
+            found = [i for i, (a, _) in enumerate(answers) if a is not None]
+            matches = answers_match_many([(str(answers[i][0]), answers[i][1]) for i in found], self.verifier)
+            flat = [0.0] * len(answers)
+            for i, match in zip(found, matches, strict=True):
+                flat[i] = 1.0 if match else 0.0
         except Exception:  # a reward never raises (hostile input gets a verdict)
-            return 0.0
+            return [[0.0] * len(completions) for _, completions in items]
+        out, at = [], 0
+        for _, completions in items:
+            out.append(flat[at : at + len(completions)])
+            at += len(completions)
+        return out

@@ -1,0 +1,178 @@
+"""One batch: start the runner, hand it the programs, collect one record per program, turn records into
+results. Whatever goes wrong (the sandbox fails to start, the runner dies, the batch overruns), every program
+gets a result; a program without a trustworthy record fails."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import marshal
+import math
+import os
+import select
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dgrpo.sandbox.cgroup import PidsCgroup
+from dgrpo.sandbox.launch import Launcher, Started
+from dgrpo.sandbox.limits import SandboxLimits, SandboxResult
+from dgrpo.sandbox.runner import EXIT_CPU, EXIT_MEMORY, EXIT_PROCESSES, EXIT_SETUP, FRAME
+
+log = logging.getLogger(__name__)
+
+Job = tuple[str, str]  # (source, stdin)
+START_SECONDS = 30.0  # allowance for the sandbox's start-up within the batch's deadline
+PER_PROGRAM_SLACK = 1.0  # the keeper's own work per program, beyond the wall limit
+MAX_RECORD = 16 << 20
+
+
+def run_batch(
+    launcher: Launcher, limits: SandboxLimits, extra_paths: Sequence[Path], jobs: Sequence[Job]
+) -> tuple[list[SandboxResult], dict[str, bool]]:
+    """Run ``jobs`` one after another in one sandbox. Returns their results, in order, and the mechanisms the
+    sandbox reported (empty when no program got as far as its setup)."""
+    if not jobs:
+        return [], {}
+    started_at = time.monotonic()
+    records: dict[int, dict[str, Any]] = {}
+    failure = ""
+    cgroup = PidsCgroup.create(limits.max_processes + launcher.overhead_pids)
+    with tempfile.TemporaryFile() as stderr:
+        started: Started | None = None
+        try:
+            started = launcher.start(extra_paths, cgroup, stderr)
+            config = {
+                **started.config,
+                "limits": {**limits.__dict__},
+                "nproc_base": launcher.nproc_base,
+                "pids_cgroup": cgroup is not None,
+                "programs": [(_clean(source), _clean(stdin)) for source, stdin in jobs],
+            }
+            _send(started, marshal.dumps(config))
+            deadline = START_SECONDS + len(jobs) * (limits.wall_seconds + PER_PROGRAM_SLACK)
+            failure = _collect(started.records, records, len(jobs), started_at + deadline)
+        except Exception as exc:  # the environment failed: every program gets a verdict, logged once
+            failure = f"sandbox failed to start: {exc}"
+        finally:
+            if started is not None:
+                _finish(started)
+            if cgroup is not None:
+                cgroup.destroy()
+        if failure:
+            stderr.seek(0)
+            detail = stderr.read(4096).decode("utf-8", "replace").strip()
+            log.warning("sandbox: %s%s", failure, f" ({detail})" if detail else "")
+    wall = time.monotonic() - started_at
+    results = [_result(limits, records.get(i), failure, wall) for i in range(len(jobs))]
+    mechanisms: dict[str, bool] = next((r["mechanisms"] for r in records.values() if r.get("mechanisms")), {})
+    return results, mechanisms
+
+
+def _clean(text: str) -> str:
+    """Hostile text may hold lone surrogates: replace them rather than fail to encode."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _send(started: Started, payload: bytes) -> None:
+    stdin = started.proc.stdin
+    assert stdin is not None
+    try:
+        stdin.write(FRAME.pack(len(payload)) + payload)
+        stdin.close()
+    except BrokenPipeError:
+        pass  # the runner died at start-up; _collect finds no records and says so
+
+
+def _collect(fd: int, records: dict[int, dict[str, Any]], count: int, deadline: float) -> str:
+    """Read records until ``count`` arrived, the runner closed its end, or ``deadline``. Returns why it
+    stopped early ("" when every record came)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    buffer = bytearray()
+    while len(records) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return "the batch overran its deadline"
+        if not poller.poll(max(1, math.ceil(remaining * 1000))):
+            continue
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return "" if len(records) == count else "the sandbox ended before reporting every program"
+        buffer += chunk
+        while len(buffer) >= FRAME.size:
+            size = FRAME.unpack_from(buffer)[0]
+            if size > MAX_RECORD:
+                return "the sandbox sent an oversized record"
+            if len(buffer) < FRAME.size + size:
+                break
+            try:
+                record = json.loads(bytes(buffer[FRAME.size : FRAME.size + size]))
+            except ValueError:
+                return "the sandbox sent a malformed record"
+            del buffer[: FRAME.size + size]
+            index = record.get("index") if isinstance(record, dict) else None
+            if isinstance(index, int) and 0 <= index < count:
+                records[index] = record
+    return ""
+
+
+def _finish(started: Started) -> None:
+    """Reap the runner; kill its session first if it is still running (it is unreaped, so its group id
+    cannot have been reused), then close the pipe and remove the host folders of a direct run."""
+    proc = started.proc
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    os.close(started.records)
+    for path in started.cleanup:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _result(limits: SandboxLimits, record: dict[str, Any] | None, failure: str, batch_wall: float) -> SandboxResult:
+    if record is None:
+        if "deadline" in failure:
+            return SandboxResult(False, -signal.SIGKILL, "", failure, True, "wall", batch_wall)
+        return SandboxResult(False, -1, "", failure or "no record", False, "setup", batch_wall)
+    wall = float(record.get("wall", 0.0))
+    if "error" in record:
+        log.warning("sandbox: %s", record["error"])
+        return SandboxResult(False, -1, "", str(record["error"]), False, "setup", wall)
+    returncode = int(record["exit"])
+    timed_out = bool(record["timed_out"])
+    output_bytes = max(int(record["stdout_size"]), int(record["stderr_size"]))
+    limit = classify(limits, returncode, timed_out, float(record["cpu"]), int(record["events"]), output_bytes)
+    if limit is None and not record["setup"]:
+        limit = "setup"  # the program process never confirmed its confinement: nothing it did counts
+    completed = bool(record["completed"])
+    stdout = str(record["stdout"]).encode("latin-1").decode("utf-8", errors="replace")
+    stderr = str(record["stderr"]).encode("latin-1").decode("utf-8", errors="replace")
+    ok = returncode == 0 and completed and limit is None
+    return SandboxResult(ok, returncode, stdout, stderr, timed_out, limit, wall, completed)
+
+
+def classify(
+    limits: SandboxLimits, returncode: int, timed_out: bool, cpu: float, events: int, output_bytes: int
+) -> str | None:
+    """The limit a run hit, by the most trustworthy evidence first (keeper and kernel, then exit codes)."""
+    if timed_out:
+        return "wall"
+    if returncode in (-signal.SIGXCPU, EXIT_CPU) or (
+        returncode == -signal.SIGKILL and cpu >= math.ceil(limits.cpu_seconds)
+    ):
+        return "cpu"
+    if returncode == EXIT_MEMORY:
+        return "memory"
+    if events > 0 or returncode == EXIT_PROCESSES:
+        return "processes"
+    if output_bytes > limits.max_output_bytes:
+        return "output"
+    if returncode == EXIT_SETUP:
+        return "setup"
+    return None

@@ -1,0 +1,53 @@
+"""The worker process of :mod:`dgrpo.tasks.math_verifier`: math-verify on peers' answers, one at a time.
+
+    python -m dgrpo.tasks.math_worker MEMORY_BYTES
+
+It caps its own address space first (``RLIMIT_AS``), dies with its parent, imports math-verify (sympy), says
+``ready``, then answers JSON lines ``{"a": answer, "g": gold}`` with ``1`` (equal), ``0`` (not equal or
+unparseable) or ``m`` (out of memory) on stdout. Its parent bounds each answer's time and kills it on overrun.
+math-verify's own signal-based timeouts are off: the parent's bound is the one that holds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import resource
+import signal
+import sys
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+def main(argv: list[str]) -> int:
+    memory = int(argv[1])
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    from math_verify import parse, verify
+
+    # Warm up: math-verify loads its LaTeX grammar on first use; that must not count against an answer.
+    verify(parse("\\boxed{1}", parsing_timeout=None), parse("1", parsing_timeout=None), timeout_seconds=None)
+    gold_cache: dict[str, Any] = {}
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            answer, gold = str(request["a"]), str(request["g"])
+            if gold not in gold_cache:
+                gold_cache[gold] = parse(gold, parsing_timeout=None)
+            equal = verify(gold_cache[gold], parse(answer, parsing_timeout=None), timeout_seconds=None)
+            verdict = "1" if equal else "0"
+        except MemoryError:
+            verdict = "m"
+        except Exception:  # unparseable, or anything sympy raises on hostile text: not equal
+            verdict = "0"
+        out.write(verdict + "\n")
+        out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
