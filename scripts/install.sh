@@ -6,10 +6,15 @@ cd "$(dirname "$0")/.."
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-# py-libp2p builds fastecdsa from source: it needs libgmp-dev and a C compiler.
-if ! dpkg -s libgmp-dev >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1; then
+# py-libp2p builds fastecdsa from source: it needs libgmp-dev and a C compiler. Code rewards run peers'
+# programs in a bubblewrap sandbox (bwrap >= 0.8), under an interpreter its unprivileged user can read:
+# Debian's python3 when the node's own lives somewhere it cannot (pyenv under /root).
+PACKAGES=(libgmp-dev build-essential bubblewrap python3)
+missing=()
+for pkg in "${PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq libgmp-dev build-essential >/dev/null
+    $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 PYTHON="${PYTHON:-python3}"

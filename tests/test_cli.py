@@ -6,6 +6,7 @@ import json
 import stat
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dgrpo.cli import app
@@ -87,3 +88,25 @@ def test_report_command_prints_and_writes_the_table(tmp_path: Path) -> None:
     assert (tmp_path / "rep" / "report.csv").exists() and (tmp_path / "rep" / "report.png").exists()
     missing = runner.invoke(app, ["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2")])
     assert missing.exit_code == 2 and "summary.json" in missing.output
+
+
+def test_code_tasks_refuse_to_start_without_isolation_and_the_loud_flag_accepts_less(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dgrpo.sandbox import sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "find_bwrap", lambda: None)  # a machine without bubblewrap
+    sandbox_module._bwrap_launcher.cache_clear()
+    try:
+        args = ["simulate", "code-horizontal", "--out", str(tmp_path / "run")]
+        args += ["-s", "rounds=1", "-s", "nodes.count=2", "-s", "nodes.malicious=0", "-s", "eval.prompts=4"]
+        refused = runner.invoke(app, args)
+        assert refused.exit_code == 2
+        assert "bubblewrap" in refused.output and "--unsafe-weak-sandbox" in refused.output
+        assert not (tmp_path / "run" / "summary.json").exists()
+        accepted = runner.invoke(app, [*args, "--unsafe-weak-sandbox"])
+        assert accepted.exit_code == 0, accepted.output
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["scenario_config"]["task"]["options"]["unsafe_weak_sandbox"] is True
+    finally:
+        sandbox_module._bwrap_launcher.cache_clear()

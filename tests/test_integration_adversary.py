@@ -30,3 +30,26 @@ def test_text_attacker_poisons_honest_nodes_without_defense(tmp_path: Path) -> N
         monitor = status["poison_monitor"]
         assert monitor["flagged"]["text"] >= attack["poisoned"] // 2
         assert set(monitor["flagged_by_author"]) == {attacker.peer_id}
+
+
+def test_code_attacker_among_daemons_scored_in_the_real_sandbox(tmp_path: Path) -> None:
+    # The CODE attack over real gossipsub: every node runs every peer's program in the bubblewrap sandbox, one
+    # batch per round, and reports how those runs ended in /status (and /metrics).
+    code = ["task.name='arith-code'", "model.name='dgrpo:tiny-arith-code-text'"]
+    nodes = start_testnet(3, tmp_path, rounds=2, extra=[*FAST, *code], adversary=("code", 1))
+    try:
+        assert wait_rounds(nodes, 2, lambda statuses: None, timeout=300)
+    finally:
+        assert stop_nodes(nodes)
+    statuses = [json.loads((nd.state_dir / "status.json").read_text()) for nd in nodes]
+    assert statuses[2]["adversary"]["poisoned"] > 0
+    for status in statuses[:2]:
+        reward = status["reward"]
+        assert reward["isolation"] == "bwrap"
+        # 3 authors' programs per round; the poisoned ones import calc and still print the answer
+        assert reward["sandbox_batches"] >= 2
+        assert reward["sandbox_ok"] > 0
+        runs = sum(v for k, v in reward.items() if k.startswith("sandbox_") and k != "sandbox_batches")
+        # every completion trained on that holds a program was run (one without a program scores 0 unrun)
+        assert status["completions_trained"] / 2 < runs <= status["completions_trained"]
+        assert status["poison_monitor"]["flagged"]["code"] > 0

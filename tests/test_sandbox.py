@@ -18,7 +18,7 @@ from dgrpo.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError
 from dgrpo.sandbox import sandbox as sandbox_module
 from dgrpo.sandbox.batch import run_batch
 from dgrpo.sandbox.launch import DirectLauncher
-from dgrpo.sandbox.runner import audit_hook
+from dgrpo.sandbox.program import audit_hook
 
 FAST = SandboxLimits(cpu_seconds=1.0, wall_seconds=2.0)
 

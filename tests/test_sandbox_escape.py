@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from dgrpo.sandbox import SANDBOX_SITE, SandboxLimits
+from dgrpo.sandbox import program as sandbox_program
 from dgrpo.sandbox import runner as sandbox_runner
 from dgrpo.tasks.arith_code import ArithCodeTask, make_prompt
 from dgrpo.tasks.base import Prompt
@@ -273,12 +274,12 @@ def _digest(paths: list[Path]) -> str:
 def test_nothing_a_run_writes_survives_it(task: ArithCodeTask, monkeypatch: pytest.MonkeyPatch) -> None:
     import sysconfig
 
-    runner_file = Path(sandbox_runner.__file__)
+    harness = [Path(sandbox_runner.__file__), Path(sandbox_program.__file__)]
     site_packages = Path(sysconfig.get_paths()["purelib"])
-    guarded = [SANDBOX_SITE, runner_file]
+    guarded = [SANDBOX_SITE, *harness]
     before = _digest(guarded)
     # Restored whatever happens: on a machine where the sandbox is broken the writer succeeds.
-    saved = {path: path.read_bytes() for path in (SANDBOX_SITE / "calc.py", runner_file)}
+    saved = {path: path.read_bytes() for path in (SANDBOX_SITE / "calc.py", *harness)}
     module = "dgrpo_poison_" + os.urandom(4).hex()
     targets = [str(SANDBOX_SITE), str(site_packages), "/tmp", "/dev/shm", "/var/tmp"]
     writer = f"""
@@ -290,7 +291,7 @@ for folder in places:
             fh.write("POISONED = True\\n")
     except OSError:
         pass
-for path in ({str(SANDBOX_SITE / "calc.py")!r}, {str(runner_file)!r}):
+for path in {[str(SANDBOX_SITE / "calc.py"), *map(str, harness)]!r}:
     try:
         with open(path, "a") as fh:
             fh.write("\\nPOISONED = True\\n")

@@ -34,6 +34,9 @@ def test_two_nodes_two_rounds_writes_results(tmp_path: Path) -> None:
     # 2 nodes x 4 prompts x 2 completions each are published per round; every node accepts all 16
     assert all(r["completions_exchanged"] == 16 and r["completions_accepted"] == 32 for r in rows)
     assert all(0.0 <= r["honest_mean_reward"] <= 1.0 for r in rows)
+    # Each node's scoring happens inside the round: the two nodes' reward time is within twice its length.
+    assert all(0.0 < r["reward_seconds"] <= 2 * r["seconds"] for r in rows)
+    assert summary["training_reward_seconds"] == pytest.approx(sum(r["reward_seconds"] for r in rows))
     assert json.loads((tmp_path / "summary.json").read_text())["final_accuracy"] == summary["final_accuracy"]
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
@@ -96,7 +99,7 @@ def test_runs_are_reproducible(tmp_path: Path) -> None:
     sc = load_scenario(None, [*FAST, "nodes.count=2", "round.group_size=4", "rounds=1"])
     a = run_simulation(sc, tmp_path / "a")
     b = run_simulation(sc, tmp_path / "b")
-    strip = ("wall_seconds",)
+    strip = ("wall_seconds", "training_reward_seconds")  # timings
     assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
     rows_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     rows_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()

@@ -106,6 +106,7 @@ class Daemon:
         self.rounds_done = 0
         self.last_report: RoundReport | None = None
         self.errors: deque[str] = deque(maxlen=20)
+        self.reward_counts: dict[str, int] = {}  # the task's reward statistics at the last round
         self.accepted_completions = 0
         self.state = "starting"
         self.transport: Libp2pTransport | None = None
@@ -182,6 +183,11 @@ class Daemon:
                 "reputation": self.reputation.snapshot() if self.reputation is not None else {},
                 "blacklisted": dict(self.reputation.blacklisted) if self.reputation is not None else {},
             },
+            "reward": {
+                "isolation": self.node.task.reward_isolation(),
+                "seconds_last_round": report.reward_seconds if report else None,
+                **self.reward_counts,
+            },
             "weights_sha256": self.learner.weights_digest() if self.state == "stopped" else None,
             "last_errors": list(self.errors),
             "status_url": self.status_url,
@@ -219,6 +225,12 @@ class Daemon:
         self.metrics.round.set(report.round)
         self.metrics.mean_reward.set(report.mean_reward)
         self.metrics.completions.inc(report.completions_accepted)
+        self.metrics.reward_seconds.set(report.reward_seconds)
+        counts = self.node.task.reward_statistics()
+        for event, n in counts.items():
+            if n > self.reward_counts.get(event, 0):
+                self.metrics.reward_events.labels(event=event).inc(n - self.reward_counts.get(event, 0))
+        self.reward_counts = counts
 
     def _log_round(self, report: RoundReport, seconds: float, expected: set[str]) -> None:
         authors = Counter(s.author for s in report.scored)
@@ -227,6 +239,7 @@ class Daemon:
             "peer": self.peer_id[-8:],
             "round": report.round,
             "seconds": round(seconds, 2),
+            "reward_seconds": round(report.reward_seconds, 3),
             "expected_peers": len(expected),
             "authors": len(authors),
             "completions": report.completions_accepted,

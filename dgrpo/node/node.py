@@ -60,6 +60,7 @@ class RoundReport:
     step: StepStats | None
     produce_seconds: float
     consume_seconds: float
+    reward_seconds: float = 0.0  # scoring every accepted completion (code tasks: the sandbox)
     scored: tuple[ScoredCompletion, ...] = field(repr=False, default=())
     # The defense chain (completion counts; ``rejected`` above counts whole messages):
     defense_rejected: dict[str, int] = field(default_factory=dict)  # by reason
@@ -222,7 +223,9 @@ class Node:
             if kept:
                 groups.append((r, prompt, kept))
         # One call scores the whole round (a code task runs it as one sandbox batch).
+        t_reward = time.perf_counter()
         rewards = self.task.rewards_batch([(prompt, [text for text, _ in kept]) for _, prompt, kept in groups])
+        reward_seconds = time.perf_counter() - t_reward
         scored = [
             ScoredCompletion(r.author, prompt, text, reward * (v.reward_scale if v is not None else 1.0))
             for (r, prompt, kept), group_rewards in zip(groups, rewards, strict=True)
@@ -243,6 +246,7 @@ class Node:
             step=step,
             produce_seconds=self._last_produce_seconds,
             consume_seconds=time.perf_counter() - t0,
+            reward_seconds=reward_seconds,
             scored=tuple(scored),
             checked=tuple(dropped + checked),
             **defense,

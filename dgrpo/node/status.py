@@ -34,6 +34,13 @@ class NodeMetrics:
         self.rejected = Counter("dgrpo_messages_rejected", "messages rejected", ["reason"], registry=r)
         self.completions = Counter("dgrpo_completions_trained", "completions trained on", registry=r)
         self.round_seconds = Gauge("dgrpo_round_seconds", "wall time of the last round", registry=r)
+        self.reward_seconds = Gauge("dgrpo_reward_seconds", "time spent scoring the last round", registry=r)
+        self.reward_events = Counter(
+            "dgrpo_reward_events",
+            "how rewards were computed: sandbox runs by outcome, math-verify timeouts",
+            ["event"],
+            registry=r,
+        )
         self.blacklisted = Gauge("dgrpo_blacklisted_peers", "peers blacklisted", registry=r)
         self.defense_checked = Counter(
             "dgrpo_defense_checked", "peer completions checked by the defense chain", ["peer"], registry=r

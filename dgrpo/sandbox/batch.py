@@ -22,7 +22,8 @@ from typing import Any
 from dgrpo.sandbox.cgroup import PidsCgroup
 from dgrpo.sandbox.launch import Launcher, Started
 from dgrpo.sandbox.limits import SandboxLimits, SandboxResult
-from dgrpo.sandbox.runner import EXIT_CPU, EXIT_MEMORY, EXIT_PROCESSES, EXIT_SETUP, FRAME
+from dgrpo.sandbox.program import EXIT_CPU, EXIT_MEMORY, EXIT_PROCESSES, EXIT_SETUP
+from dgrpo.sandbox.runner import FRAME
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from dgrpo.sandbox.interpreter import Interpreter
 
 INNER = "/run/dgrpo"  # the runner, the site folders and the pids cgroup, inside the sandbox
 RUNNER = f"{INNER}/runner.py"
+PROGRAM = f"{INNER}/program.py"
 SITE = f"{INNER}/site"
 PIDS = f"{INNER}/pids"
 MIN_BWRAP = (0, 8, 0)  # --disable-userns
@@ -93,6 +94,7 @@ def command(
     bwrap: str,
     interp: Interpreter,
     runner_fd: int,
+    program_fd: int,
     site_files: Sequence[tuple[int, str]],
     pids_dir: str | None,
     info_fd: int,
@@ -100,9 +102,9 @@ def command(
 ) -> list[str]:
     """The full argv: bwrap's options, then the interpreter running the runner.
 
-    ``site_files``: (fd, path inside) of each file copied in; ``info_fd``: where bwrap writes the sandbox's
-    host pid; ``block_fd``: bwrap waits for one byte there before it starts anything, so that the parent
-    can first place the sandbox in its pids cgroup.
+    ``runner_fd``/``program_fd``: the two files of the runner; ``site_files``: (fd, path inside) of each file
+    copied in; ``info_fd``: where bwrap writes the sandbox's host pid; ``block_fd``: bwrap waits for one byte
+    there before it starts anything, so that the parent can first place the sandbox in its pids cgroup.
     """
     args = [
         bwrap,
@@ -138,6 +140,9 @@ def command(
         "--ro-bind-data",
         str(runner_fd),
         RUNNER,
+        "--ro-bind-data",
+        str(program_fd),
+        PROGRAM,
     ]
     for fd, inner in site_files:
         args += ["--ro-bind-data", str(fd), inner]

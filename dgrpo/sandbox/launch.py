@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from dgrpo.sandbox import bwrap, runner
+from dgrpo.sandbox import bwrap
 from dgrpo.sandbox.cgroup import PidsCgroup
 from dgrpo.sandbox.interpreter import Interpreter
 
-RUNNER = Path(runner.__file__).resolve()
+HERE = Path(__file__).resolve().parent
+RUNNER = HERE / "runner.py"
+PROGRAM = HERE / "program.py"  # imported by the runner from its own folder
 PYTHON_FLAGS = ("-S", "-s", "-P", "-B")
 INFO_TIMEOUT = 30.0  # bwrap reports the sandbox's pid within milliseconds; a stuck start-up is a failure
 MAX_SITE_BYTES = 4 << 20  # the site folders are copied into every sandbox
@@ -110,7 +112,8 @@ class BwrapLauncher(Launcher):
 
     def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes]) -> Started:
         files = site_files(extra_paths)
-        data_fds = [_memfd("runner", RUNNER.read_bytes())] + [_memfd("site", d) for d, _ in files]
+        data_fds = [_memfd("runner", RUNNER.read_bytes()), _memfd("program", PROGRAM.read_bytes())]
+        data_fds += [_memfd("site", d) for d, _ in files]
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         records_r, records_w = os.pipe()
@@ -118,7 +121,8 @@ class BwrapLauncher(Launcher):
             self.bwrap_path,
             self.interpreter,
             data_fds[0],
-            [(fd, inner) for fd, (_, inner) in zip(data_fds[1:], files, strict=True)],
+            data_fds[1],
+            [(fd, inner) for fd, (_, inner) in zip(data_fds[2:], files, strict=True)],
             str(cgroup.path) if cgroup else None,
             info_w,
             block_r,

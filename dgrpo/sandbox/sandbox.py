@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,6 +95,15 @@ def choose_launcher(unsafe_weak: bool, python: str | None) -> Launcher:
             return DirectLauncher()
 
 
+def outcome(result: SandboxResult) -> str:
+    """One word for how a run ended, for counters."""
+    if result.ok:
+        return "ok"
+    if result.limit is not None:
+        return result.limit
+    return "incomplete" if result.returncode == 0 else "failed"
+
+
 class Sandbox:
     """Runs untrusted Python source under :class:`SandboxLimits`. ``run`` and ``run_many`` never raise for
     program faults; making a sandbox raises :class:`SandboxUnavailableError` when it cannot isolate."""
@@ -113,6 +123,8 @@ class Sandbox:
                 raise ConfigError(f"sandbox extra path {path} is not a directory")
         self.launcher = choose_launcher(unsafe_weak, python)
         self._mechanisms: dict[str, bool] = {}
+        self._outcomes: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()
 
     @property
     def isolated(self) -> bool:
@@ -152,7 +164,17 @@ class Sandbox:
         for indices, results in zip(chunks, batches, strict=True):
             for i, result in zip(indices, results, strict=True):
                 out[i] = result
-        return [r for r in out if r is not None]
+        done = [r for r in out if r is not None]
+        with self._stats_lock:
+            self._outcomes.update(outcome(r) for r in done)
+            self._outcomes["batches"] += len(chunks)
+        return done
+
+    def statistics(self) -> dict[str, int]:
+        """Runs so far by outcome (``ok``, a limit's name, ``incomplete``: ended before its end,
+        ``failed``: raised or exited non-zero) and ``batches`` (sandboxes started)."""
+        with self._stats_lock:
+            return dict(self._outcomes)
 
     def capabilities(self) -> dict[str, bool | str | int]:
         """Which isolation mechanisms are active here (a trivial program is run to read them)."""

@@ -95,6 +95,7 @@ def _round_row(round_idx: int, reports: list[RoundReport], honest: list[bool], s
         "rejected": rejected,
         "loss": sum(losses) / len(losses) if losses else None,
         "seconds": seconds,
+        "reward_seconds": sum(r.reward_seconds for r in reports),
     }
 
 
@@ -194,6 +195,7 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         "attack_stats": _attack_stats(nodes),
         "defense": defense_summary,
         "wall_seconds": time.perf_counter() - t0,
+        "training_reward_seconds": sum(r["reward_seconds"] for r in rows),  # every node's scoring, summed
         "scenario_config": scenario.model_dump(mode="json"),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

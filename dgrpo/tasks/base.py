@@ -78,6 +78,16 @@ class Task(ABC):
         """Rewards of several completions of one prompt (tasks with expensive rewards batch this)."""
         return [self.reward(prompt, c) for c in completions]
 
+    def reward_isolation(self) -> str | None:
+        """How peers' completions are isolated while scored (code tasks: ``bwrap`` or the weak ``direct``);
+        None when scoring runs nothing of theirs."""
+        return None
+
+    def reward_statistics(self) -> dict[str, int]:
+        """Counts of how rewards were computed (code tasks: sandbox runs by outcome; gsm8k: math-verify
+        timeouts), shown in a node's /status and /metrics. Empty for tasks with nothing to count."""
+        return {}
+
     def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         """Rewards of the completions of several prompts at once, per prompt (a node scores a whole round
         with one call; code tasks run it as one sandbox batch)."""

@@ -163,6 +163,12 @@ class ProgramOutputTask(Task, ABC):
     sandbox: Sandbox
     reasoning_format = "program"
 
+    def reward_isolation(self) -> str | None:
+        return self.sandbox.launcher.name
+
+    def reward_statistics(self) -> dict[str, int]:
+        return {f"sandbox_{k}": v for k, v in self.sandbox.statistics().items()}
+
     def parse_answer(self, completion: str) -> str | None:
         program = extract_program(completion)
         if program is None:
@@ -288,6 +294,12 @@ class HumanEvalTask(PromptListTask):
                 meta={"entry_point": row["entry_point"], "test": row["test"], "task_id": row["task_id"]},
             )
             (self._held_out if index % HUMANEVAL_EVAL_EVERY == 0 else self._train).append(prompt)
+
+    def reward_isolation(self) -> str | None:
+        return self.sandbox.launcher.name
+
+    def reward_statistics(self) -> dict[str, int]:
+        return {f"sandbox_{k}": v for k, v in self.sandbox.statistics().items()}
 
     def parse_answer(self, completion: str) -> str | None:
         """The code the completion contributes (a function body or a whole definition), or None."""

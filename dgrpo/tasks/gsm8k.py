@@ -179,6 +179,16 @@ class Gsm8kTask(Task):
     def parse_answer(self, completion: str) -> str | None:
         return parse_completion(completion)
 
+    def reward_statistics(self) -> dict[str, int]:
+        s = self.verifier.stats
+        return {
+            "math_verify_answers": s.answers,
+            "math_verify_cached": s.cached,
+            "math_verify_timeouts": s.timeouts,
+            "math_verify_out_of_memory": s.out_of_memory,
+            "math_verify_restarts": s.restarts,
+        }
+
     def reference_completion(self, prompt: Prompt) -> str | None:
         """The dataset's worked solution in the paper's format (calculator annotations ``<<...>>`` removed)."""
         reasoning = CALC_ANNOTATION_RE.sub("", str(prompt.meta.get("solution", ""))).strip()
