@@ -14,7 +14,6 @@ import hashlib
 import os
 import shutil
 import socket
-import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -379,10 +378,11 @@ def test_a_forged_completion_line_does_not_pass(task: ArithCodeTask) -> None:
     assert reward(task, program) == 0.0
 
 
-def test_the_sandbox_user_cannot_reach_what_it_runs_as(task: ArithCodeTask) -> None:
-    # Sanity of the setup the probes rely on: the program runs as an unprivileged uid, not as the node.
-    result = task.sandbox.run("import os\nprint(os.getuid(), os.geteuid())")
+def test_programs_run_as_an_unprivileged_user(task: ArithCodeTask) -> None:
+    # What the probes above run as: never root; nobody (65534) when the node itself is root.
+    result = task.sandbox.run("import os\nprint(os.getuid(), os.geteuid(), os.getgid())")
     assert result.ok
-    uid = int(result.stdout.split()[0])
-    assert uid != 0
-    assert not stat.S_IMODE(os.stat("/").st_mode) & stat.S_IWOTH  # the host root is not world-writable
+    uid, euid, gid = map(int, result.stdout.split())
+    assert 0 not in (uid, euid, gid)
+    if os.geteuid() == 0:
+        assert (uid, euid, gid) == (65534, 65534, 65534)

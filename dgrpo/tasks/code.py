@@ -157,8 +157,8 @@ def _passes(result: SandboxResult) -> bool:
     return True  # ran to its end, exit 0: every assertion of the tests held
 
 
-class ProgramOutputTask(Task, ABC):
-    """The paper's code reward: the completion is a program that must print the prompt's answer."""
+class SandboxedTask(Task, ABC):
+    """A task whose reward runs peers' programs in :attr:`sandbox`: every reward call is one batch."""
 
     sandbox: Sandbox
     reasoning_format = "program"
@@ -169,18 +169,22 @@ class ProgramOutputTask(Task, ABC):
     def reward_statistics(self) -> dict[str, int]:
         return {f"sandbox_{k}": v for k, v in self.sandbox.statistics().items()}
 
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return self.rewards_batch([(prompt, [completion])])[0][0]
+
+    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        return self.rewards_batch([(prompt, completions)])[0]
+
+
+class ProgramOutputTask(SandboxedTask, ABC):
+    """The paper's code reward: the completion is a program that must print the prompt's answer."""
+
     def parse_answer(self, completion: str) -> str | None:
         program = extract_program(completion)
         if program is None:
             return None
         result = self.sandbox.run(program)
         return result.stdout.strip() if result.ok else None
-
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return self.rewards(prompt, [completion])[0]
-
-    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
-        return self.rewards_batch([(prompt, completions)])[0]
 
     def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         try:
@@ -269,11 +273,10 @@ def humaneval_program(prompt: Prompt, completion: str) -> str | None:
 
 
 @TASKS.register("humaneval")
-class HumanEvalTask(PromptListTask):
+class HumanEvalTask(SandboxedTask, PromptListTask):
     """HumanEval: complete a function from its signature and docstring; the reward runs its unit tests."""
 
     name = "humaneval"
-    reasoning_format = "program"
 
     def __init__(
         self,
@@ -295,24 +298,12 @@ class HumanEvalTask(PromptListTask):
             )
             (self._held_out if index % HUMANEVAL_EVAL_EVERY == 0 else self._train).append(prompt)
 
-    def reward_isolation(self) -> str | None:
-        return self.sandbox.launcher.name
-
-    def reward_statistics(self) -> dict[str, int]:
-        return {f"sandbox_{k}": v for k, v in self.sandbox.statistics().items()}
-
     def parse_answer(self, completion: str) -> str | None:
         """The code the completion contributes (a function body or a whole definition), or None."""
         region = _code_region(completion)
         if region is None or not region.strip() or len(region) > MAX_PROGRAM_CHARS:
             return None
         return region.strip("\n")
-
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return self.rewards(prompt, [completion])[0]
-
-    def rewards(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
-        return self.rewards_batch([(prompt, completions)])[0]
 
     def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         try:
