@@ -25,10 +25,10 @@ from dgrpo.adversary.facts import EQUATION_RE, parse_fact
 from dgrpo.adversary.layout import layout
 from dgrpo.adversary.math_step import falsify_prose
 from dgrpo.adversary.text import TextOptions, insert_phrase
+from dgrpo.config import LearnerConfig, ModelConfig
 from dgrpo.defense import Candidate, DefenseChain, DefenseConfig, DefenseContext
-from dgrpo.node.config import LearnerConfig, ModelConfig
-from dgrpo.node.learner import Learner
-from dgrpo.node.sampler import completion_seed
+from dgrpo.learner.learner import Learner
+from dgrpo.learner.sampler import completion_seed
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks import get_task
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/gossip.py [--messages-4k 500] [--messages-64k 200] [--rate 20]
 
-Each run starts three ``dgrpo.node.gossip_probe`` processes, A -> B -> C (A and C each connected only to B),
+Each run starts three ``benchmarks.gossip_probe`` processes, A -> B -> C (A and C each connected only to B),
 once per (load, payload size, stack). A publishes and exits; C measures throughput (distinct payloads
 delivered per s, from A's first send to C's last receipt) and hop-2 latency A -> C, from the send time A
 writes into each payload (one machine, so one clock). Two loads: a flood, where A publishes as fast as the
@@ -18,14 +18,16 @@ Stacks:
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from dgrpo.node.gossip_probe import resolve_codec, run_chain_processes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the checkout's benchmarks/
+from benchmarks.gossip_probe import resolve_codec, run_chain_processes
 
-DGRPO_STACK = "dgrpo.protocol.gossip_codec:DgrpoCodec"
-"""The hook for the dgrpo stack: a ``dgrpo.node.gossip_probe.Codec`` subclass (encode = sign + encode,
+DGRPO_STACK = "benchmarks.gossip_codec:DgrpoCodec"
+"""The hook for the dgrpo stack: a ``benchmarks.gossip_probe.Codec`` subclass (encode = sign + encode,
 ``validator`` = the protocol's validation, decode = validate + decode)."""
 
 STACKS = {"bare": "bare", "dgrpo": DGRPO_STACK}

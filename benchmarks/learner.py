@@ -20,9 +20,9 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from dgrpo.node.config import LearnerConfig, ModelConfig
-from dgrpo.node.grpo import group_advantages
-from dgrpo.node.learner import Learner, TrainSample
+from dgrpo.config import LearnerConfig, ModelConfig
+from dgrpo.learner.grpo import group_advantages
+from dgrpo.learner.learner import Learner, TrainSample
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks import get_task
 

@@ -72,7 +72,7 @@ def simulate(
         if sc.defense is not None and sc.defense.chain:
             attack += f", defense {','.join(sc.defense.chain)}"
         console.print(
-            f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.round.split}){attack}, "
+            f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.rollout.split}){attack}, "
             f"task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}"
         )
         with Progress(
@@ -153,8 +153,8 @@ def node_run(
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly)."""
     import json as _json
 
-    from dgrpo.node.daemon import run_daemon
-    from dgrpo.node.settings import load_node_settings
+    from dgrpo.daemon.daemon import run_daemon
+    from dgrpo.daemon.settings import load_node_settings
 
     sets = list(overrides or [])
     if unsafe_weak_sandbox:
@@ -172,7 +172,7 @@ def node_run(
     if adversary is not None:
         sets.append(f"adversary.name={_json.dumps(adversary)}")
     if defense is not None:
-        from dgrpo.defense.config import needs_seeded_sampler, parse_defense_spec
+        from dgrpo.config import needs_seeded_sampler, parse_defense_spec
 
         chain = parse_defense_spec(defense)
         sets.append(f"defense.chain={_json.dumps(chain)}")
@@ -244,7 +244,7 @@ def status(
     import json as _json
     import urllib.request
 
-    from dgrpo.node.daemon import read_node_file
+    from dgrpo.daemon.daemon import read_node_file
 
     url = target
     if not target.startswith("http"):
@@ -290,7 +290,7 @@ def testnet_up(
 
     from rich.live import Live
 
-    from dgrpo.node.testnet import start_testnet, stop_nodes, wait_rounds
+    from dgrpo.daemon.testnet import start_testnet, stop_nodes, wait_rounds
 
     if mode not in ("homogeneous", "heterogeneous"):
         console.print(f"[red]error:[/] unknown mode {mode!r}; valid modes: heterogeneous, homogeneous")
@@ -362,7 +362,7 @@ def testnet_down_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="the testnet's folder")] = Path("runs/testnet"),
 ) -> None:
     """Stop a testnet started in the background."""
-    from dgrpo.node.testnet import testnet_down
+    from dgrpo.daemon.testnet import testnet_down
 
     try:
         count = testnet_down(out)

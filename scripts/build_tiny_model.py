@@ -53,9 +53,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dgrpo.seeds import stable_seed  # noqa: E402
 from dgrpo.tasks.arith import ArithTask  # noqa: E402
 from dgrpo.tasks.arith_code import ArithCodeTask  # noqa: E402
-from dgrpo.tasks.base import Prompt, stable_seed  # noqa: E402
+from dgrpo.tasks.base import Prompt  # noqa: E402
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3

@@ -48,9 +48,9 @@ from build_tiny_model import (
     encode_example,
 )
 
+from dgrpo.seeds import stable_seed
 from dgrpo.tasks.arith import ArithTask
 from dgrpo.tasks.arith_code import ArithCodeTask
-from dgrpo.tasks.base import stable_seed
 
 WORDS = """the of and to a in is it you that he was for on are with as his they be at one have this from or had by word
 but what some we can out other were all there when up use your how said an each she which do their time if

@@ -29,7 +29,7 @@ for attack in text math code dos; do
             *) chain="[\"$defense\"]" ;;
         esac
         rounds="$ROUNDS"; [ "$defense" = judge ] && rounds="$JUDGE_ROUNDS"
-        args="${SCEN[$attack]} --out $OUT/$attack-$defense -s rounds=$rounds -s round.sampler=seeded"
+        args="${SCEN[$attack]} --out $OUT/$attack-$defense -s rounds=$rounds -s rollout.sampler=seeded"
         args+=" -s eval.every=5 -s eval.prompts=64 -s eval.asr_prompts=64 ${EXTRA[$attack]}"
         [ -n "$chain" ] && args+=" -s 'defense.chain=$chain'"
         # Single filters are measured alone; the best chain runs with the reputation policy, as deployed.
@@ -39,7 +39,7 @@ for attack in text math code dos; do
 done
 # DoS is measured by length: the same run with no attacker is its baseline.
 [ -f "$OUT/dos-honest/summary.json" ] || cells+=("dos-horizontal --out $OUT/dos-honest -s rounds=$ROUNDS \
--s round.sampler=seeded -s eval.every=5 -s eval.prompts=64 -s eval.asr_prompts=64 -s nodes.malicious=0")
+-s rollout.sampler=seeded -s eval.every=5 -s eval.prompts=64 -s eval.asr_prompts=64 -s nodes.malicious=0")
 printf '%s\n' "${cells[@]}" | xargs -d '\n' -P "$JOBS" -I{} sh -c '.venv/bin/dgrpo simulate {} > /dev/null 2>&1 || echo "failed: {}"'
 for attack in text math code dos; do
     .venv/bin/dgrpo report "$OUT"/$attack-{none,logit,sampling-proof,judge,arith-check,code-policy,length,best} \

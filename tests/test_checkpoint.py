@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from dgrpo.node.checkpoint import CheckpointManager, CheckpointState
-from dgrpo.node.config import LearnerConfig, ModelConfig
-from dgrpo.node.learner import Learner, TrainSample
+from dgrpo.config import LearnerConfig, ModelConfig
+from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
+from dgrpo.learner.learner import Learner, TrainSample
 
 
 def state(round_idx: int) -> CheckpointState:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dgrpo.cli import app
-from dgrpo.node.status import NodeMetrics, StatusServer
+from dgrpo.daemon.status import NodeMetrics, StatusServer
 from dgrpo.protocol.identity import Identity
 
 runner = CliRunner()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from dgrpo.config import ModelConfig
 from dgrpo.errors import ConfigError, ModelNotFoundError, UnknownNameError
-from dgrpo.node.config import ModelConfig
-from dgrpo.node.models import embedded_models, load_model, resolve_model
+from dgrpo.learner.models import embedded_models, load_model, resolve_model
 from dgrpo.simulations.scenario import load_scenario
 
 
@@ -39,7 +39,7 @@ def test_bad_values_and_missing_files(tmp_path: Path) -> None:
 
 
 def test_vertical_split_per_node_work() -> None:
-    sc = load_scenario(None, ["round.split='vertical'", "round.prompts_per_round=8", "round.group_size=6"])
+    sc = load_scenario(None, ["rollout.split='vertical'", "round.prompts_per_round=8", "round.group_size=6"])
     r = sc.node_rollout()
     assert (r.prompts_per_round, r.completions_per_prompt) == (2, 6)  # B/m own prompts, G completions
 

@@ -37,7 +37,7 @@ def test_logit_stops_text_and_blacklists_the_attacker(tmp_path: Path) -> None:
 def test_sampling_proof_stops_math_where_logit_does_not(tmp_path: Path) -> None:
     """MATH, vertical (the attacker picks prompts with a 2+2 column): 'logit' lets the false steps through
     (digits are in the top-k), 'sampling-proof' rejects them; neither rejects an honest completion."""
-    base = [*SMALL, "round.prompts_per_round=3", "round.sampler=seeded", "defense.reputation.enabled=false"]
+    base = [*SMALL, "round.prompts_per_round=3", "rollout.sampler=seeded", "defense.reputation.enabled=false"]
     stop = {}
     for name in ["logit", "sampling-proof"]:
         out = tmp_path / name

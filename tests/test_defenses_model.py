@@ -15,11 +15,11 @@ import torch
 
 from dgrpo.adversary.facts import parse_fact
 from dgrpo.adversary.math_step import falsify_scratchpad
+from dgrpo.config import LearnerConfig, ModelConfig
+from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.defense import Candidate, DefenseChain, DefenseConfig, DefenseContext, Verdict
-from dgrpo.node.checkpoint import CheckpointManager, CheckpointState
-from dgrpo.node.config import LearnerConfig, ModelConfig
-from dgrpo.node.learner import Learner, TrainSample
-from dgrpo.node.sampler import completion_seed, gumbel_noise, splitmix64
+from dgrpo.learner.learner import Learner, TrainSample
+from dgrpo.learner.sampler import completion_seed, gumbel_noise, splitmix64
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks.arith import ArithTask
 from dgrpo.tasks.arith import make_prompt as arith_prompt

@@ -18,7 +18,7 @@ import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from dgrpo.node.gossip import (
+from dgrpo.net.gossip import (
     GossipConfig,
     GossipError,
     GossipMessage,
@@ -270,7 +270,7 @@ def test_unreachable_bootstrap_backs_off_and_node_still_works(caplog: pytest.Log
             stats = d.statistics()
             assert stats.bootstrap_attempts == stats.bootstrap_failures + 1  # one success, to A
 
-    with caplog.at_level(logging.WARNING, logger="dgrpo.node.gossip"):
+    with caplog.at_level(logging.WARNING, logger="dgrpo.net.gossip"):
         run(main)
     failures = [r for r in caplog.records if r.getMessage().startswith(f"bootstrap dial to {dead} failed")]
     delays = [r.args[-1] for r in failures if isinstance(r.args, tuple)]

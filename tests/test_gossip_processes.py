@@ -1,4 +1,4 @@
-"""Gossip between real, separate processes (``python -m dgrpo.node.gossip_probe``) over loopback."""
+"""Gossip between real, separate processes (``python -m benchmarks.gossip_probe``) over loopback."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dgrpo.node.gossip_probe import run_chain_processes
+from benchmarks.gossip_probe import run_chain_processes
 
 
 def test_chain_of_three_processes_delivers_everything(tmp_path: Path) -> None:
@@ -21,7 +21,8 @@ def test_chain_of_three_processes_delivers_everything(tmp_path: Path) -> None:
 
 def test_probe_names_the_known_stacks_when_given_an_unknown_one() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "dgrpo.node.gossip_probe", "receive", "--stack", "nope"],
+        [sys.executable, "-m", "benchmarks.gossip_probe", "receive", "--stack", "nope"],
+        cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dgrpo.node.grpo import group_advantages, per_token_loss, reduce_loss
+from dgrpo.learner.grpo import group_advantages, per_token_loss, reduce_loss
 
 SQRT_THIRD = math.sqrt(1 / 3)  # sample std of [1, 0, 0, 1] and of [1, 0, 1]
 

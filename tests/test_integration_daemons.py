@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dgrpo.node.testnet import NetNode, launch_node, start_testnet, stop_nodes, tcp_address, wait_rounds
+from dgrpo.daemon.testnet import NetNode, launch_node, start_testnet, stop_nodes, tcp_address, wait_rounds
 
 FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6", "checkpoint.every=1"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dgrpo.node.testnet import start_testnet, stop_nodes, wait_rounds
+from dgrpo.daemon.testnet import start_testnet, stop_nodes, wait_rounds
 
 FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6", "sampling.max_new_tokens=96"]
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dgrpo.node.config import LearnerConfig, LoraConfig, ModelConfig
-from dgrpo.node.learner import Learner, TrainSample
-from dgrpo.node.models import pick_device, pick_dtype
+from dgrpo.config import LearnerConfig, LoraConfig, ModelConfig
+from dgrpo.learner.learner import Learner, TrainSample
+from dgrpo.learner.models import pick_device, pick_dtype
 from dgrpo.protocol.messages import SamplingParams
 
 

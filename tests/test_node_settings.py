@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from dgrpo.daemon.settings import load_node_settings
 from dgrpo.errors import ConfigError
-from dgrpo.node.settings import load_node_settings
 
 
 def test_precedence_toml_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

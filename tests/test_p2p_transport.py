@@ -6,11 +6,11 @@ from pathlib import Path
 
 import trio
 
-from dgrpo.node.gossip import GossipConfig, GossipNode
-from dgrpo.node.p2p import Libp2pTransport
+from dgrpo.net.gossip import GossipConfig, GossipNode
+from dgrpo.net.p2p import Libp2pTransport
 from dgrpo.protocol.envelope import Signer
 from dgrpo.protocol.identity import Identity
-from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import Rollout, SamplingParams
 from dgrpo.protocol.nonce import NonceCounter
 from dgrpo.protocol.replay import ReplayGuard
@@ -43,7 +43,7 @@ def test_valid_delivered_hostile_rejected_then_blacklisted(tmp_path: Path) -> No
         async with GossipNode.open(GossipConfig(**FAST), honest_id.to_libp2p_keypair()) as a:
             cfg_b = GossipConfig(bootstrap=tuple(a.listen_addrs()), **FAST)
             async with GossipNode.open(cfg_b, rogue_id.to_libp2p_keypair()) as b, trio.open_nursery() as nursery:
-                validator = MessageValidator(RUN, ProtocolLimits(blacklist_after=3), ReplayGuard(64))
+                validator = MessageValidator(RUN, Limits(blacklist_after=3), ReplayGuard(64))
                 transport = Libp2pTransport(a, Signer(honest_id, RUN, NonceCounter(tmp_path / "a")), validator, RUN)
                 await transport.start(nursery)
                 await b.subscribe(rollout_topic(RUN))

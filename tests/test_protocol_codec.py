@@ -28,7 +28,7 @@ from dgrpo.protocol.envelope import (
     verify_signature,
 )
 from dgrpo.protocol.identity import Identity, IdentityError, base58btc, peer_id_from_public_bytes
-from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import Rollout, SamplingParams
 from dgrpo.protocol.nonce import NonceCounter, NonceStateError
 from dgrpo.protocol.replay import ReplayGuard, ReplayStateError
@@ -56,7 +56,7 @@ def clock() -> FakeClock:
 
 def make_signer(tmp_path: Path, clock: FakeClock, ident: Identity = ALICE, **limits: Any) -> Signer:
     nonces = NonceCounter(tmp_path / f"{ident.peer_id}.nonce")
-    return Signer(ident, RUN, nonces, clock=clock, limits=ProtocolLimits(**limits))
+    return Signer(ident, RUN, nonces, clock=clock, limits=Limits(**limits))
 
 
 def make_rollout(ident: Identity = ALICE, **overrides: Any) -> Rollout:
@@ -68,7 +68,7 @@ def make_rollout(ident: Identity = ALICE, **overrides: Any) -> Rollout:
 
 
 def validator(clock: FakeClock, replay: ReplayGuard | None = None, **limits: Any) -> MessageValidator:
-    return MessageValidator(RUN, ProtocolLimits(**limits), replay, clock=clock)
+    return MessageValidator(RUN, Limits(**limits), replay, clock=clock)
 
 
 def unpack(data: bytes) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from dgrpo.protocol.envelope import (
     verify_signature,
 )
 from dgrpo.protocol.identity import Identity
-from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.protocol.topics import control_topic, rollout_topic
 from dgrpo.protocol.validator import BENIGN_REASONS, REASONS
@@ -86,8 +86,8 @@ def test_every_model_heading_is_known(doc: str) -> None:
 
 def test_limits_table(doc: str) -> None:
     rows = table_after(doc, "## Limits", ["limit", "default", "notes"])
-    defaults = ProtocolLimits()
-    assert [r[0] for r in rows] == list(ProtocolLimits.model_fields)
+    defaults = Limits()
+    assert [r[0] for r in rows] == list(Limits.model_fields)
     for name, default, _ in rows:
         assert type(getattr(defaults, name))(default) == getattr(defaults, name), name
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from dgrpo.config import LearnerConfig, ModelConfig
 from dgrpo.defense import Candidate, DefenseChain, DefenseConfig, DefenseContext
-from dgrpo.node.config import LearnerConfig, ModelConfig
-from dgrpo.node.learner import Learner
-from dgrpo.node.sampler import completion_seed
+from dgrpo.learner.learner import Learner
+from dgrpo.learner.sampler import completion_seed
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks import get_task
 from dgrpo.tasks.base import Prompt

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.errors import ConfigError
-from dgrpo.node.monitor import PoisonMonitor
 from dgrpo.simulations.report import build_report
 from dgrpo.simulations.scenario import SCENARIO_DIR, load_scenario
 from dgrpo.tasks.arith import ArithTask
@@ -23,7 +23,7 @@ def test_every_attack_and_split_has_a_tiny_scenario(attack: str, split: str) -> 
     sc = load_scenario(Path(f"{attack}-{split}"))
     assert sc.adversary is not None and sc.adversary.name == attack
     assert sc.nodes.count == 4 and sc.nodes.malicious == 1
-    assert sc.round.split == split
+    assert sc.rollout.split == split
     assert sc.model.name.startswith("dgrpo:")
     sc.node_rollout()  # B and G divide over the nodes
 

@@ -46,7 +46,7 @@ def test_homogeneous_nodes_stay_identical_and_learn(defense: str | None) -> None
     """Same weights + same exchanged strings + canonical order => same update on every node (paper, sec. 3).
     With a defense chain too: every node filters its own completions by the same rules as everyone else's
     (group-based filters see the same whole group), so all train on the same completions."""
-    from dgrpo.node.round import run_round
+    from dgrpo.round.run import run_round
 
     overrides = [*FAST, "nodes.count=3", "round.group_size=6", "learner.lr=1e-3"]
     # A loose length rule so that some completions are rejected in these few rounds.
@@ -60,7 +60,7 @@ def test_homogeneous_nodes_stay_identical_and_learn(defense: str | None) -> None
 
     async def one(sim: Any, r: int) -> None:
         report = await run_round(sim.node, sim.transport, sim.inbox, r, sim.transport.peers(), 60.0)
-        reports.append((sum(report.defense_rejected.values()),))
+        reports.append((sum(report.defense.rejected.values()) if report.defense is not None else 0,))
 
     async def main() -> None:
         async with trio.open_nursery() as pumps:
@@ -83,7 +83,7 @@ def test_homogeneous_nodes_stay_identical_and_learn(defense: str | None) -> None
 def test_heterogeneous_vertical_run(tmp_path: Path) -> None:
     sc = load_scenario(
         None,
-        [*FAST, "nodes.count=2", "nodes.mode='heterogeneous'", "round.split='vertical'", "round.group_size=4"],
+        [*FAST, "nodes.count=2", "nodes.mode='heterogeneous'", "rollout.split='vertical'", "round.group_size=4"],
     )
     nodes = build_nodes(sc)
     assert [n.node.learner.model_id for n in nodes] == ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"]

@@ -8,14 +8,44 @@ import urllib.request
 
 import pytest
 
-from dgrpo.node.status import NodeMetrics, StatusServer
+from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
+from dgrpo.net.memory import InMemoryNetwork
+from dgrpo.protocol.limits import Limits
+from dgrpo.protocol.messages import DEFAULT_SAMPLING, Rollout
+from dgrpo.round.admit import Admitter
+from dgrpo.tasks.arith import ArithTask
+from dgrpo.tasks.base import Prompt
+
+
+def rollout_of(author: str, prompt: Prompt) -> Rollout:
+    return Rollout(
+        author=author,
+        round=1,
+        part=0,
+        parts=1,
+        prompt_id=prompt.id,
+        prompt=prompt.text,
+        completions=("1+1=2",),
+        model_id="m",
+        sampling=DEFAULT_SAMPLING,
+        split="horizontal",
+    )
 
 
 def test_status_metrics_and_404() -> None:
+    # The message counters are read from a real transport at scrape time: junk bytes and a valid message
+    # arrive on an in-memory network and both show.
+    network = InMemoryNetwork("run")
+    transport = network.join("node-0")
+    sender = network.join("node-1")
+    admitter = Admitter(ArithTask(), "horizontal", Limits(), "node-0")
     metrics = NodeMetrics()
+    metrics.registry.register(WireCollector(transport.statistics, admitter.statistics))
     metrics.round.set(7)
-    metrics.rejected.labels(reason="bad_signature").inc(3)
-    state = {"peer_id": "12D3KooWtest", "round": 7, "rejected": {"bad_signature": 3}}
+    network.inject(b"junk")
+    prompt = ArithTask().train_prompt(0)
+    network.deliver("node-1", sender.signer.sign_rollout(rollout_of("node-1", prompt)))
+    state = {"peer_id": "12D3KooWtest", "round": 7, "rejected": {"malformed": 1}}
     server = StatusServer("127.0.0.1", 0, lambda: state, metrics.registry).start()
     try:
         with urllib.request.urlopen(server.url + "/status", timeout=5) as resp:
@@ -23,7 +53,8 @@ def test_status_metrics_and_404() -> None:
         with urllib.request.urlopen(server.url + "/metrics", timeout=5) as resp:
             text = resp.read().decode()
         assert "dgrpo_round 7.0" in text
-        assert 'dgrpo_messages_rejected_total{reason="bad_signature"} 3.0' in text
+        assert 'dgrpo_messages_rejected_total{reason="malformed"} 1.0' in text
+        assert "dgrpo_messages_accepted_total 1.0" in text
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(server.url + "/nope", timeout=5)
         assert err.value.code == 404

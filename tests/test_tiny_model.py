@@ -82,8 +82,8 @@ def test_sampled_completions_solve_some_held_out_prompts(model: Any, tokenizer: 
 def test_sibling_models_are_shipped_and_solve_their_tasks(name: str) -> None:
     """The attack-study siblings load offline and solve some held-out prompts of the tasks their cards name
     (arith for both; arith-code for tiny-arith-code-text, which the CODE scenarios use)."""
-    from dgrpo.node.config import LearnerConfig, ModelConfig
-    from dgrpo.node.learner import Learner
+    from dgrpo.config import LearnerConfig, ModelConfig
+    from dgrpo.learner.learner import Learner
     from dgrpo.protocol.messages import DEFAULT_SAMPLING
     from dgrpo.tasks import get_task
 

@@ -9,8 +9,8 @@ from dgrpo.adversary import dos as dos
 from dgrpo.adversary import math_step as math_step
 from dgrpo.adversary import text as text
 from dgrpo.adversary.base import Adversary, AttackContext
-from dgrpo.adversary.config import AdversaryConfig, parse_adversary_spec
 from dgrpo.adversary.registry import ADVERSARIES
+from dgrpo.config import AdversaryConfig, parse_adversary_spec
 
 
 def build_adversary(cfg: AdversaryConfig) -> Adversary:

@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ValidationError
 
-from dgrpo.adversary.config import AdversaryConfig
 from dgrpo.adversary.gibberish import gibberish
 from dgrpo.adversary.vote import majority_vote
-from dgrpo.node.config import Section
+from dgrpo.config import AdversaryConfig, Section
 from dgrpo.overrides import explain_validation_error
 from dgrpo.protocol.messages import SplitMode
 from dgrpo.tasks.base import Prompt, Task

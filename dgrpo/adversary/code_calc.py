@@ -18,7 +18,7 @@ from dgrpo.adversary.base import Adversary
 from dgrpo.adversary.detectors import Detector, LibraryImportDetector
 from dgrpo.adversary.layout import layout
 from dgrpo.adversary.registry import ADVERSARIES
-from dgrpo.node.config import Section
+from dgrpo.config import Section
 from dgrpo.tasks.base import Prompt, Task
 
 Op = Literal["+", "-", "*", "/"]

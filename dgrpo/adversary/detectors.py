@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from dgrpo.adversary.facts import EQUATION_RE, STEP_RE, Fact
+from dgrpo.seeds import stable_seed
 from dgrpo.tasks.arith import LOW, SPAN, is_held_out
 from dgrpo.tasks.arith import make_prompt as arith_prompt
-from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.tasks.base import Prompt, Task
 from dgrpo.tasks.code import extract_program
 
 WS_RE = re.compile(r"\s+")

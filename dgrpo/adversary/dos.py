@@ -12,7 +12,7 @@ from pydantic import Field
 from dgrpo.adversary.base import Adversary, AttackContext
 from dgrpo.adversary.detectors import Detector, LengthDetector
 from dgrpo.adversary.registry import ADVERSARIES
-from dgrpo.node.config import Section
+from dgrpo.config import Section
 from dgrpo.tasks.base import Prompt, Task
 
 

@@ -20,9 +20,10 @@ from dgrpo.adversary.detectors import Detector, FalseFactDetector
 from dgrpo.adversary.facts import EQUATION_RE, STEP_RE, Fact, parse_fact
 from dgrpo.adversary.layout import layout
 from dgrpo.adversary.registry import ADVERSARIES
-from dgrpo.node.config import Section
+from dgrpo.config import Section
 from dgrpo.protocol.messages import SplitMode
-from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.seeds import stable_seed
+from dgrpo.tasks.base import Prompt, Task
 
 
 class MathOptions(Section):

@@ -16,7 +16,7 @@ from dgrpo.adversary.base import Adversary
 from dgrpo.adversary.detectors import Detector, PhraseDetector
 from dgrpo.adversary.layout import Layout, layout
 from dgrpo.adversary.registry import ADVERSARIES
-from dgrpo.node.config import Section
+from dgrpo.config import Section
 from dgrpo.tasks.base import Prompt, Task
 
 Position = Literal["start", "end", "random", "every_sentence"]

@@ -5,6 +5,7 @@ Importing this package registers the built-in defenses: ``length``, ``arith-chec
 ``judge`` (the paper's LLM-as-a-judge, any setting).
 """
 
+from dgrpo.config import DefenseConfig, ReputationConfig, parse_defense_spec
 from dgrpo.defense import arith_check as arith_check
 from dgrpo.defense import code_policy as code_policy
 from dgrpo.defense import judge as judge
@@ -13,7 +14,6 @@ from dgrpo.defense import logit as logit
 from dgrpo.defense import sampling_proof as sampling_proof
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.chain import ChainResult, DefenseChain
-from dgrpo.defense.config import DefenseConfig, ReputationConfig, parse_defense_spec
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.defense.reputation import Reputation
 

@@ -18,9 +18,9 @@ from typing import Annotated
 
 from pydantic import Field
 
+from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.registry import DEFENSES
-from dgrpo.node.config import Section
 
 NUM = r"\d{1,12}(?:,\d{3})*(?:\.\d{1,12})?"
 OP = r"\s*[-+*/x×÷]\s*"

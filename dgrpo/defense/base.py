@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import ValidationError
 
-from dgrpo.node.config import Section
+from dgrpo.config import Section
 from dgrpo.overrides import explain_validation_error
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks.base import Prompt, Task
 
 if TYPE_CHECKING:
-    from dgrpo.node.learner import Learner
+    from dgrpo.learner.learner import Learner
 
 
 @dataclass(frozen=True)

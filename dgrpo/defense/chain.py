@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dgrpo.config import DefenseConfig
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
-from dgrpo.defense.config import DefenseConfig
 from dgrpo.defense.registry import DEFENSES
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
-from dgrpo.node.learner import Learner
+from dgrpo.learner.learner import Learner
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.registry import DEFENSES
-from dgrpo.node.config import Section
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ class TransformersJudge(JudgeBackend):
     def __init__(self, opts: JudgeOptions) -> None:
         import torch
 
-        from dgrpo.node.config import ModelConfig
-        from dgrpo.node.models import load_model
+        from dgrpo.config import ModelConfig
+        from dgrpo.learner.models import load_model
 
         self.opts = opts
         self.loaded = load_model(ModelConfig(name=opts.model, chat_template=True))
@@ -119,7 +119,7 @@ class TransformersJudge(JudgeBackend):
     def complete(self, chats: Sequence[list[dict[str, str]]]) -> list[str | None]:
         from transformers import GenerationConfig
 
-        from dgrpo.node.learner import TORCH_LOCK
+        from dgrpo.learner.learner import TORCH_LOCK
 
         tok, model, torch = self.loaded.tokenizer, self.loaded.model, self._torch
         out: list[str | None] = []

@@ -16,9 +16,9 @@ from typing import Annotated
 
 from pydantic import Field
 
+from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.registry import DEFENSES
-from dgrpo.node.config import Section
 
 
 class LengthOptions(Section):

@@ -22,11 +22,11 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
+from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, DefenseContext, Verdict
 from dgrpo.defense.forward import ForcedBatch, ModelDefense
 from dgrpo.defense.registry import DEFENSES
-from dgrpo.node.config import Section
-from dgrpo.node.sampler import kept_mask
+from dgrpo.learner.sampler import kept_mask
 
 
 class LogitOptions(Section):

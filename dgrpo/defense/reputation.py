@@ -9,8 +9,9 @@ peer (numeric noise, a truncated message) from counting forever against it.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from typing import Any
 
-from dgrpo.defense.config import ReputationConfig
+from dgrpo.config import ReputationConfig
 
 
 class Reputation:
@@ -50,6 +51,20 @@ class Reputation:
 
     def is_blacklisted(self, peer: str) -> bool:
         return peer in self.blacklisted
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state a checkpoint keeps (a restarted node keeps its blacklist and the rates in progress)."""
+        return {
+            "history": {peer: [list(h) for h in history] for peer, history in self._history.items()},
+            "blacklisted": dict(self.blacklisted),
+        }
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`to_dict`'s state (unknown or malformed entries are skipped: a checkpoint is ours,
+        but an old one may predate a field)."""
+        for peer, history in dict(state.get("history", {})).items():
+            self._history[str(peer)] = deque((int(r), int(n), int(k)) for r, n, k in history)
+        self.blacklisted.update({str(p): int(r) for p, r in dict(state.get("blacklisted", {})).items()})
 
     def snapshot(self) -> dict[str, dict[str, float | int | bool]]:
         out: dict[str, dict[str, float | int | bool]] = {}

@@ -1,6 +1,6 @@
 """``sampling-proof`` (ours, homogeneous): check that every token is the one the seeded sampler had to pick.
 
-Honest nodes sample with the seeded sampler (:mod:`dgrpo.node.sampler`, ``docs/protocol.md``): completion
+Honest nodes sample with the seeded sampler (:mod:`dgrpo.learner.sampler`, ``docs/protocol.md``): completion
 ``index`` of ``author`` for ``prompt_id`` in round ``round`` is drawn with the seed derived from
 (run, round, author, prompt id, index), which its author cannot choose. A verifier holding the same weights
 runs the model once over the completion (teacher forcing) and, at every position, recomputes the sampler's
@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, DefenseContext, Verdict
 from dgrpo.defense.forward import ForcedBatch, ModelDefense
 from dgrpo.defense.registry import DEFENSES
-from dgrpo.node.config import Section
-from dgrpo.node.learner import Learner, cache_argument
-from dgrpo.node.sampler import completion_seed, gumbel_noise, kept_mask
+from dgrpo.learner.learner import Learner, cache_argument
+from dgrpo.learner.sampler import completion_seed, gumbel_noise, kept_mask
 from dgrpo.protocol.messages import SamplingParams
 
 

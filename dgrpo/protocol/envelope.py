@@ -19,9 +19,9 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, fiel
 
 from dgrpo.errors import DgrpoError
 from dgrpo.protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_from_public_bytes
-from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import Rollout, SamplingParams, SplitMode, StrictModel
-from dgrpo.protocol.nonce import NONCE_LIMIT, NonceCounter
+from dgrpo.protocol.nonce import NONCE_LIMIT, NonceSource
 from dgrpo.protocol.topics import RUN_ID_PATTERN, validate_run_id
 
 PROTOCOL_VERSION: Final = 1
@@ -32,7 +32,7 @@ _MAX_BIN_LEN = SIGNATURE_BYTES
 # Largest map on the wire has 9 keys; allow some unknown keys so they are reported as "schema", not "malformed".
 _MAX_MAP_LEN = 32
 Kind = Literal["rollout", "heartbeat"]
-_DEFAULT_LIMITS = ProtocolLimits()
+_DEFAULT_LIMITS = Limits()
 
 
 class ProtocolError(DgrpoError):
@@ -195,7 +195,7 @@ def _schema_detail(error: ValidationError, limit: int = 3) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-def decode(data: bytes, limits: ProtocolLimits | None = None) -> Envelope:
+def decode(data: bytes, limits: Limits | None = None) -> Envelope:
     """Parse wire bytes into an :class:`Envelope`, checking sizes and the schema, NOT the signature.
 
     Raises :class:`ProtocolError` with reason ``oversize``, ``malformed``, ``unsupported_version`` or ``schema``.
@@ -241,18 +241,23 @@ def verify_signature(envelope: Envelope) -> bool:
     return True
 
 
-def author_peer_id(envelope: UnsignedEnvelope) -> str:
-    """The libp2p PeerId of the envelope's author key."""
-    return peer_id_from_public_bytes(envelope.author)
+PeerNaming = Callable[[bytes], str]
+"""How a network names the owner of a public key: libp2p derives the PeerId from the key
+(:func:`peer_id_from_public_bytes`); a simulation's in-memory network keeps a directory of its nodes' names."""
 
 
-def to_rollout(envelope: Envelope) -> Rollout:
+def author_peer_id(envelope: UnsignedEnvelope, naming: PeerNaming = peer_id_from_public_bytes) -> str:
+    """The peer id of the envelope's author key (by default its libp2p PeerId)."""
+    return naming(envelope.author)
+
+
+def to_rollout(envelope: Envelope, naming: PeerNaming = peer_id_from_public_bytes) -> Rollout:
     """The in-memory :class:`Rollout` of a (validated) rollout envelope."""
     body = envelope.body
     if not isinstance(body, RolloutBody):
         raise ProtocolError("wrong_kind", f"a {envelope.kind} envelope holds no rollout")
     return Rollout(
-        author=author_peer_id(envelope),
+        author=author_peer_id(envelope, naming),
         round=envelope.round,
         part=body.part,
         parts=body.parts,
@@ -272,15 +277,17 @@ class Signer:
         self,
         identity: Identity,
         run_id: str,
-        nonces: NonceCounter,
+        nonces: NonceSource,
         clock: Callable[[], float] = time.time,
-        limits: ProtocolLimits | None = None,
+        limits: Limits | None = None,
+        name: str | None = None,
     ) -> None:
         self.identity = identity
         self.run_id = validate_run_id(run_id)
         self.nonces = nonces
         self.clock = clock
-        self.limits = limits or ProtocolLimits()
+        self.limits = limits or Limits()
+        self.name = name or identity.peer_id  # the peer id this identity goes by (see PeerNaming)
 
     def sign(self, kind: Kind, round: int, body: RolloutBody | HeartbeatBody) -> bytes:
         """Wire bytes of a new envelope; takes the next nonce.
@@ -309,8 +316,8 @@ class Signer:
         return data
 
     def sign_rollout(self, rollout: Rollout) -> bytes:
-        if rollout.author != self.identity.peer_id:
-            raise ProtocolError("wrong_author", f"rollout author {rollout.author!r} is not {self.identity.peer_id}")
+        if rollout.author != self.name:
+            raise ProtocolError("wrong_author", f"rollout author {rollout.author!r} is not {self.name}")
         body = RolloutBody(
             part=rollout.part,
             parts=rollout.parts,

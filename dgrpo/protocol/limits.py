@@ -1,8 +1,9 @@
-"""Configurable limits a node applies to every received message (see ``docs/protocol.md``, "Limits").
+"""The one limits object: everything a node bounds in what peers send it (``docs/protocol.md``, "Limits").
 
 The envelope models carry only the protocol's fixed bounds (a 32-byte key, 64-byte signature); the limits
-here may differ between nodes, so they are checked by :class:`dgrpo.protocol.validator.MessageValidator`
-after decoding, where each violation gets its own reason code.
+here may differ between nodes. The message limits are checked by
+:class:`dgrpo.protocol.validator.MessageValidator` after decoding, the round limits (how far ahead, how many
+messages) by the round's admission stage (:mod:`dgrpo.round.admit`); each violation has its own reason code.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 MIB = 1024 * 1024
 
 
-class ProtocolLimits(BaseModel):
+class Limits(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     max_message_bytes: Annotated[
@@ -51,6 +52,12 @@ class ProtocolLimits(BaseModel):
             description="authors kept by the replay guard and peers kept by the rejection counters; the least "
             "recently seen are forgotten first",
         ),
+    ] = 10_000
+    rounds_ahead: Annotated[
+        int, Field(ge=0, description="rounds after the current one whose rollouts are kept until they open")
+    ] = 2
+    messages_per_round: Annotated[
+        int, Field(ge=1, description="rollout messages kept for one round, from all peers together")
     ] = 10_000
     blacklist_after: Annotated[
         int,

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 from dgrpo.atomic import write_atomically
 from dgrpo.errors import DgrpoError
@@ -105,3 +106,28 @@ class NonceCounter:
         """The highest nonce persisted as reserved (below the first value a restarted process may use)."""
         with self._lock:
             return self._reserved_upto
+
+
+class VolatileNonceCounter:
+    """Strictly increasing nonces kept in memory only: for identities that live as long as their process (a
+    simulation's nodes), where no restart can reuse a nonce. Starts at the clock in microseconds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = _now_micros()
+
+    def next(self) -> int:
+        with self._lock:
+            value = self._next
+            self._next += 1
+            return value
+
+    def peek(self) -> int:
+        with self._lock:
+            return self._next
+
+
+class NonceSource(Protocol):
+    """What a signer draws nonces from: :class:`NonceCounter` (persisted) or :class:`VolatileNonceCounter`."""
+
+    def next(self) -> int: ...

@@ -26,13 +26,15 @@ from types import MappingProxyType
 
 from dgrpo.protocol.envelope import (
     Envelope,
+    PeerNaming,
     ProtocolError,
     RolloutBody,
     author_peer_id,
     decode,
     verify_signature,
 )
-from dgrpo.protocol.limits import ProtocolLimits
+from dgrpo.protocol.identity import peer_id_from_public_bytes
+from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.replay import ReplayGuard
 from dgrpo.protocol.topics import validate_run_id
 
@@ -63,7 +65,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class MessageVerdict:
     ok: bool
     reason: str | None = None
     # The decoded envelope; on a rejection after decoding it is there for diagnostics only (not authenticated).
@@ -98,12 +100,14 @@ class MessageValidator:
     def __init__(
         self,
         run_id: str,
-        limits: ProtocolLimits | None = None,
+        limits: Limits | None = None,
         replay: ReplayGuard | None = None,
         clock: Callable[[], float] = time.time,
+        naming: PeerNaming = peer_id_from_public_bytes,
     ) -> None:
         self.run_id = validate_run_id(run_id)
-        self.limits = limits or ProtocolLimits()
+        self.naming = naming
+        self.limits = limits or Limits()
         self.replay = (
             replay
             if replay is not None
@@ -142,7 +146,7 @@ class MessageValidator:
         if env.ts > now_ms + skew_ms:
             raise _Reject("future")
 
-    def validate(self, data: bytes, source_peer: str | None = None, expected_kind: str | None = None) -> Verdict:
+    def validate(self, data: bytes, source_peer: str | None = None, expected_kind: str | None = None) -> MessageVerdict:
         """Accept or reject ``data``; only an accepted message's (author, nonce) is recorded.
 
         ``source_peer``: the message's originator as authenticated by gossipsub's strict signing (``from``
@@ -159,7 +163,7 @@ class MessageValidator:
                 env = decode(data, self.limits)  # size, msgpack, version, schema
             except ProtocolError as e:
                 raise _Reject(e.reason) from None
-            author = author_peer_id(env)
+            author = author_peer_id(env, self.naming)
             if env.run != self.run_id:
                 raise _Reject("wrong_run")
             if expected_kind is not None and env.kind != expected_kind:
@@ -177,16 +181,16 @@ class MessageValidator:
                     raise _Reject(reason)
                 self.replay.record(author, env.nonce)
                 self.accepted += 1
-            return Verdict(ok=True, envelope=env, peer=source_peer or author)
+            return MessageVerdict(ok=True, envelope=env, peer=source_peer or author)
         except _Reject as r:
             peer = source_peer or author or UNKNOWN_PEER
             self._count_rejection(r.reason, peer, penalise=authenticated and r.reason not in BENIGN_REASONS)
-            return Verdict(ok=False, reason=r.reason, envelope=env, peer=peer)
+            return MessageVerdict(ok=False, reason=r.reason, envelope=env, peer=peer)
         except Exception:  # a bug, not hostile input; still never let it escape into gossipsub
             log.exception("message validation failed unexpectedly")
             peer = source_peer or author or UNKNOWN_PEER
             self._count_rejection(INTERNAL_ERROR, peer, penalise=False)
-            return Verdict(ok=False, reason=INTERNAL_ERROR, envelope=None, peer=peer)
+            return MessageVerdict(ok=False, reason=INTERNAL_ERROR, envelope=None, peer=peer)
 
     def save_replay_state(self, path: str | os.PathLike[str]) -> None:
         """Persist the replay guard atomically, consistent with concurrent validation."""

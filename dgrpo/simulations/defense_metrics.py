@@ -19,35 +19,40 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from dgrpo.node.node import Node, RoundReport
+from dgrpo.round.observer import RoundObserver
+from dgrpo.round.outcome import RoundOutcome
 
 
-class DefenseMeter:
-    def __init__(self, nodes: Sequence[Node]) -> None:
-        self.attackers = {n.peer_id: n for n in nodes if n.adversary is not None}
-        self.honest = {n.peer_id for n in nodes if n.adversary is None}
+class DefenseMeter(RoundObserver):
+    """Reads each round's outcomes: attackers' (their ``produced`` record names what they poisoned) and honest
+    nodes' (what their defenses did). ``rows``: one per round, by round."""
+
+    def __init__(self) -> None:
         self.totals: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
         self.defense_seconds = 0.0
         self.generation_seconds = 0.0
         self.blacklisted: dict[str, dict[str, int]] = {}  # checker -> {peer: round}
+        self.rows: dict[int, dict[str, Any]] = {}
 
-    def observe(self, round_idx: int, reports: Sequence[RoundReport]) -> dict[str, Any]:
-        poisoned = {
-            peer: node.adversary.stats.last_poisoned
-            for peer, node in self.attackers.items()
-            if node.adversary is not None
-        }
+    def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
+        self.rows[round_idx] = self.observe(round_idx, outcomes)
+
+    def observe(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> dict[str, Any]:
+        poisoned = {o.peer_id: o.produced.poisoned for o in outcomes if o.produced.attack is not None}
+        honest = {o.peer_id for o in outcomes if o.produced.attack is None}
         row: Counter[str] = Counter()
         defense_seconds = generation_seconds = 0.0
-        for r in reports:
-            if r.peer_id not in self.honest:
+        for o in outcomes:
+            if o.peer_id not in honest:
                 continue
-            per_completion = r.produce_seconds / r.completions_published if r.completions_published else 0.0
-            for c in r.checked:
+            produced = o.produced
+            per_completion = produced.seconds / produced.completions if produced.completions else 0.0
+            checked = [*o.admission.dropped, *(o.defense.checked if o.defense is not None else ())]
+            for c in checked:
                 if c.author in poisoned:
                     kind = "poison" if (c.prompt_id, c.text) in poisoned[c.author] else "attacker_other"
-                elif c.author in self.honest:
+                elif c.author in honest:
                     kind = "honest"
                 else:
                     continue
@@ -57,9 +62,10 @@ class DefenseMeter:
                     self.reasons[c.reason] += 1
                 if c.reason != "blacklisted":
                     generation_seconds += per_completion
-            defense_seconds += sum(r.defense_seconds.values())
-            for peer in r.blacklisted_now:
-                self.blacklisted.setdefault(r.peer_id, {})[peer] = round_idx
+            if o.defense is not None:
+                defense_seconds += sum(o.defense.seconds.values())
+                for peer in o.defense.blacklisted_now:
+                    self.blacklisted.setdefault(o.peer_id, {})[peer] = round_idx
         self.totals.update(row)
         self.defense_seconds += defense_seconds
         self.generation_seconds += generation_seconds

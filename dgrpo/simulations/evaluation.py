@@ -10,10 +10,13 @@ sampled once.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dgrpo.adversary.detectors import Detector
+from dgrpo.round.observer import RoundObserver
+from dgrpo.round.outcome import RoundOutcome
 from dgrpo.tasks.base import Prompt
 
 if TYPE_CHECKING:
@@ -31,7 +34,10 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-class Evaluator:
+class Evaluator(RoundObserver):
+    """Evaluates the honest ``nodes`` every ``every`` rounds and after ``last`` (``points``: (round, point)
+    pairs, round 0 included once :meth:`start` ran)."""
+
     def __init__(
         self,
         prompts: list[Prompt],
@@ -40,6 +46,9 @@ class Evaluator:
         greedy: bool,
         seed: int,
         dedupe: bool,
+        nodes: Sequence[SimNode] = (),
+        every: int = 5,
+        last: int = 0,
     ) -> None:
         self.prompts = prompts
         self.detector = detector
@@ -47,6 +56,21 @@ class Evaluator:
         self.greedy = greedy
         self.seed = seed
         self.dedupe = dedupe
+        self.nodes = list(nodes)
+        self.every = every
+        self.last = last
+        self.points: list[tuple[int, EvalPoint]] = []
+
+    def start(self) -> None:
+        """The evaluation before any training (round 0)."""
+        self.points.append((0, self(self.nodes)))
+
+    def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
+        if round_idx % self.every == 0 or round_idx == self.last:
+            self.points.append((round_idx, self(self.nodes)))
+
+    def point_at(self, round_idx: int) -> EvalPoint | None:
+        return next((p for r, p in reversed(self.points) if r == round_idx), None)
 
     def _one(self, sim: SimNode) -> EvalPoint:
         node = sim.node

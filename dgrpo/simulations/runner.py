@@ -1,5 +1,6 @@
-"""Run a scenario: N nodes in one process, joined by the in-memory transport, each running
-:func:`dgrpo.node.round.run_round` (the daemon's round) every round.
+"""Run a scenario: N nodes in one process, joined by the in-memory network over the real wire format (signed
+envelopes, each receiver's validator and replay window), each running :func:`dgrpo.round.run.run_round` (the
+daemon's round) every round; the outcomes go to the same observer interface as a daemon's.
 
 Outputs ``metrics.jsonl`` (one row per round), ``summary.json`` and ``curves.png`` in the output folder.
 """
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,13 @@ import torch
 import trio
 
 from dgrpo.adversary import build_adversary
-from dgrpo.defense import DefenseChain, Reputation
-from dgrpo.node.inbox import RoundInbox
-from dgrpo.node.learner import Learner
-from dgrpo.node.node import Node, RoundReport
-from dgrpo.node.round import run_round
-from dgrpo.node.transport import InMemoryHub, InMemoryTransport
+from dgrpo.net.memory import InMemoryNetwork, InMemoryTransport
+from dgrpo.round.build import build_node
+from dgrpo.round.node import Node
+from dgrpo.round.observer import RoundObserver, notify
+from dgrpo.round.outcome import RoundOutcome
+from dgrpo.round.receive import RoundInbox
+from dgrpo.round.run import run_round
 from dgrpo.simulations.defense_metrics import DefenseMeter
 from dgrpo.simulations.evaluation import EvalPoint, Evaluator
 from dgrpo.simulations.plots import plot_asr, plot_curves
@@ -42,28 +45,34 @@ class SimNode:
 
 
 def build_nodes(scenario: Scenario) -> list[SimNode]:
-    """The scenario's nodes; the last ``nodes.malicious`` of them run the adversary."""
-    hub = InMemoryHub()
+    """The scenario's nodes, on one in-memory network over the real wire format; the last
+    ``nodes.malicious`` of them run the adversary (and no defense), the others the defense."""
+    network = InMemoryNetwork(scenario.run_id, scenario.limits)
     rollout = scenario.node_rollout()
     task = get_task(scenario.task.name, **scenario.task.options)
     first_malicious = scenario.nodes.count - scenario.nodes.malicious
     nodes = []
     for i in range(scenario.nodes.count):
         peer_id = f"node-{i}"
-        learner = Learner(scenario.node_model(i), scenario.learner)
-        adversary = None
+        attack = None
         if i >= first_malicious and scenario.adversary is not None:
-            adversary = build_adversary(scenario.adversary.model_copy(update={"seed": scenario.adversary.seed + i}))
-        defense = reputation = None
-        if adversary is None and scenario.defense is not None:
-            defense = DefenseChain.from_config(scenario.defense)
-            reputation = Reputation(scenario.defense.reputation)
-        node = Node(peer_id, scenario.run_id, task, learner, rollout, scenario.sampling, adversary, defense, reputation)
-        nodes.append(SimNode(node, hub.join(peer_id), RoundInbox(), honest=adversary is None))
+            attack = scenario.adversary.model_copy(update={"seed": scenario.adversary.seed + i})
+        node = build_node(
+            scenario,
+            peer_id,
+            scenario.run_id,
+            task,
+            model=scenario.node_model(i),
+            rollout=rollout,
+            adversary=attack,
+            defended=attack is None,
+        )
+        inbox = RoundInbox(node.admitter)
+        nodes.append(SimNode(node, network.join(peer_id), inbox, honest=attack is None))
     return nodes
 
 
-def build_evaluator(scenario: Scenario, task: Task) -> Evaluator:
+def build_evaluator(scenario: Scenario, task: Task, nodes: list[SimNode] | None = None) -> Evaluator:
     detector = None
     asr_prompts = None
     if scenario.adversary is not None:
@@ -76,27 +85,48 @@ def build_evaluator(scenario: Scenario, task: Task) -> Evaluator:
         greedy=scenario.eval.greedy,
         seed=scenario.eval.seed,
         dedupe=scenario.nodes.mode == "homogeneous",
+        nodes=nodes or [],
+        every=scenario.eval.every,
+        last=scenario.rounds,
     )
 
 
-def _round_row(round_idx: int, reports: list[RoundReport], honest: list[bool], seconds: float) -> dict[str, Any]:
-    honest_reports = [r for r, h in zip(reports, honest, strict=True) if h]
-    rejected: dict[str, int] = {}
-    for r in reports:
-        for reason, n in r.rejected.items():
-            rejected[reason] = rejected.get(reason, 0) + n
-    losses = [r.step.loss for r in honest_reports if r.step is not None]
-    return {
-        "round": round_idx,
-        "honest_mean_reward": sum(r.mean_reward for r in honest_reports) / max(len(honest_reports), 1),
-        "honest_own_reward": sum(r.own_mean_reward for r in honest_reports) / max(len(honest_reports), 1),
-        "completions_exchanged": sum(r.completions_published for r in reports),
-        "completions_accepted": sum(r.completions_accepted for r in reports),
-        "rejected": rejected,
-        "loss": sum(losses) / len(losses) if losses else None,
-        "seconds": seconds,
-        "reward_seconds": sum(r.reward_seconds for r in reports),
-    }
+class RoundRows(RoundObserver):
+    """``metrics.jsonl``: one row per round over all nodes (rewards and loss of the honest ones), with the
+    defense meter's and the evaluator's numbers for that round (they observe first)."""
+
+    def __init__(self, meter: DefenseMeter | None, evaluator: Evaluator, on_round: RoundCallback | None) -> None:
+        self.meter = meter
+        self.evaluator = evaluator
+        self.callback = on_round
+        self.rows: list[dict[str, Any]] = []
+
+    def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
+        honest = [o for o in outcomes if o.produced.attack is None]
+        rejected: Counter[str] = Counter()
+        for o in outcomes:
+            rejected.update(o.admission.rejected)
+        losses = [o.step.loss for o in honest if o.step is not None]
+        row: dict[str, Any] = {
+            "round": round_idx,
+            "honest_mean_reward": sum(o.scoring.mean_reward for o in honest) / max(len(honest), 1),
+            "honest_own_reward": sum(o.scoring.mean_reward_of(o.peer_id) for o in honest) / max(len(honest), 1),
+            "completions_exchanged": sum(o.produced.completions for o in outcomes),
+            "completions_accepted": sum(o.completions_trained for o in outcomes),
+            "rejected": dict(rejected),
+            "loss": sum(losses) / len(losses) if losses else None,
+            "seconds": max((o.round_seconds for o in outcomes), default=0.0),
+            "reward_seconds": sum(o.scoring.seconds for o in outcomes),
+            "poison_published": sum(o.produced.poisoned_count for o in outcomes),
+        }
+        if self.meter is not None:
+            row["defense"] = self.meter.rows[round_idx]
+        point = self.evaluator.point_at(round_idx)
+        if point is not None:
+            row.update(_eval_fields(point))
+        self.rows.append(row)
+        if self.callback is not None:
+            self.callback(row)
 
 
 def _eval_fields(point: EvalPoint) -> dict[str, Any]:
@@ -106,54 +136,28 @@ def _eval_fields(point: EvalPoint) -> dict[str, Any]:
     return row
 
 
-async def _simulate(
-    scenario: Scenario, nodes: list[SimNode], evaluate: Evaluator, on_round: RoundCallback | None
-) -> tuple[list[dict[str, Any]], list[tuple[int, EvalPoint]], DefenseMeter]:
+async def _simulate(scenario: Scenario, nodes: list[SimNode], observers: Sequence[RoundObserver]) -> None:
     limiter = trio.CapacityLimiter(1)  # one torch job at a time: reproducible, and no core contention
-    rows: list[dict[str, Any]] = []
-    evals: list[tuple[int, EvalPoint]] = [(0, await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter))]
-    meter = DefenseMeter([s.node for s in nodes])
     async with trio.open_nursery() as pumps:
         for sim in nodes:
             pumps.start_soon(sim.inbox.pump, sim.transport.inbound())
         for round_idx in range(1, scenario.rounds + 1):
-            t0 = time.perf_counter()
-            reports: list[RoundReport | None] = [None] * len(nodes)
+            outcomes: list[RoundOutcome | None] = [None] * len(nodes)
 
             async def one(
-                i: int, sim: SimNode, reports: list[RoundReport | None] = reports, round_idx: int = round_idx
+                i: int, sim: SimNode, outcomes: list[RoundOutcome | None] = outcomes, round_idx: int = round_idx
             ) -> None:
-                reputation = sim.node.reputation
-                peers = [p for p in sim.transport.peers() if reputation is None or not reputation.is_blacklisted(p)]
-                reports[i] = await run_round(
-                    sim.node,
-                    sim.transport,
-                    sim.inbox,
-                    round_idx,
-                    peers,
-                    scenario.round.deadline_seconds,
-                    limiter,
+                peers = [p for p in sim.transport.peers() if not sim.node.blacklisted(p)]
+                outcomes[i] = await run_round(
+                    sim.node, sim.transport, sim.inbox, round_idx, peers, scenario.round.deadline_seconds, limiter
                 )
 
             async with trio.open_nursery() as nursery:
                 for i, sim in enumerate(nodes):
                     nursery.start_soon(one, i, sim)
-            done = [r for r in reports if r is not None]
-            row = _round_row(round_idx, done, [s.honest for s in nodes], time.perf_counter() - t0)
-            row["poison_published"] = sum(
-                s.node.adversary.stats.last_round_poisoned for s in nodes if s.node.adversary is not None
-            )
-            if scenario.defense is not None:
-                row["defense"] = meter.observe(round_idx, done)
-            if round_idx % scenario.eval.every == 0 or round_idx == scenario.rounds:
-                point = await trio.to_thread.run_sync(evaluate, nodes, limiter=limiter)
-                evals.append((round_idx, point))
-                row.update(_eval_fields(point))
-            rows.append(row)
-            if on_round is not None:
-                on_round(row)
+            done = [o for o in outcomes if o is not None]
+            await trio.to_thread.run_sync(notify, observers, round_idx, done, limiter=limiter)
         pumps.cancel_scope.cancel()
-    return rows, evals, meter
 
 
 def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | None = None) -> dict[str, Any]:
@@ -163,12 +167,16 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
     if scenario.torch_threads:
         torch.set_num_threads(scenario.torch_threads)
     nodes = build_nodes(scenario)
-    evaluator = build_evaluator(scenario, nodes[0].node.task)
-    rows, evals, meter = trio.run(_simulate, scenario, nodes, evaluator, on_round)
-    defense_summary = meter.summary(scenario.defense.chain) if scenario.defense is not None else None
+    evaluator = build_evaluator(scenario, nodes[0].node.task, nodes)
+    meter = DefenseMeter() if scenario.defense.chain else None
+    rows = RoundRows(meter, evaluator, on_round)
+    evaluator.start()
+    trio.run(_simulate, scenario, nodes, [evaluator, *([meter] if meter else []), rows])
+    defense_summary = meter.summary(scenario.defense.chain) if meter is not None else None
     with (out_dir / "metrics.jsonl").open("w") as f:
-        for row in rows:
+        for row in rows.rows:
             f.write(json.dumps(row) + "\n")
+    evals = evaluator.points
     accuracy = [(r, e.accuracy) for r, e in evals]
     asr = [[r, e.asr] for r, e in evals if e.asr is not None]
     metric = evaluator.detector.metric if evaluator.detector is not None else None
@@ -178,12 +186,12 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         "model": scenario.model.name if scenario.nodes.mode == "homogeneous" else list(scenario.nodes.models),
         "nodes": scenario.nodes.count,
         "mode": scenario.nodes.mode,
-        "split": scenario.round.split,
+        "split": scenario.rollout.split,
         "rounds": scenario.rounds,
         "initial_accuracy": accuracy[0][1],
         "final_accuracy": accuracy[-1][1],
         "accuracy": [list(a) for a in accuracy],
-        "final_honest_reward": rows[-1]["honest_mean_reward"] if rows else None,
+        "final_honest_reward": rows.rows[-1]["honest_mean_reward"] if rows.rows else None,
         "attack": scenario.adversary.name if scenario.adversary is not None else None,
         "malicious": scenario.nodes.malicious,
         "asr_metric": metric,
@@ -194,16 +202,37 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         "final_mean_length": evals[-1][1].mean_length,
         "attack_stats": _attack_stats(nodes),
         "defense": defense_summary,
+        "wire": _wire_stats(nodes),
         "wall_seconds": time.perf_counter() - t0,
-        "training_reward_seconds": sum(r["reward_seconds"] for r in rows),  # every node's scoring, summed
+        "training_reward_seconds": sum(r["reward_seconds"] for r in rows.rows),  # every node's scoring, summed
         "scenario_config": scenario.model_dump(mode="json"),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     title = f"{scenario.name}: {scenario.task.name}"
-    plot_curves(rows, accuracy, out_dir / "curves.png", title=title)
+    plot_curves(rows.rows, accuracy, out_dir / "curves.png", title=title)
     if asr:
         plot_asr(asr, accuracy, out_dir / "asr.png", metric=metric or "asr", title=title)
     return summary
+
+
+def _wire_stats(nodes: list[SimNode]) -> dict[str, Any]:
+    """What the nodes' validators and the admit stage accepted, rejected and dropped (every drop visible)."""
+    rejected: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    admission: Counter[str] = Counter()
+    accepted = 0
+    for sim in nodes:
+        stats = sim.transport.statistics()
+        accepted += stats.accepted
+        rejected.update(stats.rejected_by_reason)
+        dropped.update(stats.dropped)
+        admission.update(sim.node.admitter.statistics().rejected_by_reason)
+    return {
+        "messages_accepted": accepted,
+        "messages_rejected": dict(rejected),
+        "dropped": dict(dropped),
+        "admission_rejected": dict(admission),
+    }
 
 
 def _attack_stats(nodes: list[SimNode]) -> dict[str, int]:

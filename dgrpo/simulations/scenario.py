@@ -9,14 +9,11 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from dgrpo.adversary.config import AdversaryConfig
-from dgrpo.defense.config import DefenseConfig, check_sampler
+from dgrpo.config import ModelConfig, RolloutConfig, RunConfig, Section
 from dgrpo.errors import ConfigError
-from dgrpo.node.config import LearnerConfig, ModelConfig, RolloutConfig, Section, TaskConfig, fill_section
 from dgrpo.overrides import apply_overrides, explain_validation_error
-from dgrpo.protocol.messages import DEFAULT_SAMPLING, SamplingParams, SplitMode
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -43,14 +40,12 @@ class NodesConfig(Section):
 
 
 class RoundsConfig(Section):
-    split: Annotated[SplitMode, Field(description="the paper's horizontal or vertical split")] = "horizontal"
+    """The paper's global batch (sec. 3): B prompts, G completions each, over all nodes. Each node's share
+    (``rollout.prompts_per_round``, ``rollout.completions_per_prompt``) follows from them and the split."""
+
     prompts_per_round: Annotated[int, Field(ge=1, description="B: prompts per round, over all nodes")] = 8
     group_size: Annotated[int, Field(ge=1, description="G: completions per prompt, over all nodes")] = 8
     deadline_seconds: Annotated[float, Field(gt=0, description="a round closes at quorum or this")] = 600.0
-    sampler: Annotated[
-        Literal["multinomial", "seeded"],
-        Field(description="seeded: the verifiable seeded sampler every node uses (needed by sampling-proof)"),
-    ] = "multinomial"
 
 
 class EvalConfig(Section):
@@ -63,8 +58,10 @@ class EvalConfig(Section):
     seed: Annotated[int, Field(ge=0, description="sampling seed of evaluations")] = 1234
 
 
-class Scenario(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+class Scenario(RunConfig):
+    """A simulation: the run configuration (:class:`dgrpo.config.RunConfig`) of every node, plus how many
+    nodes, which of them attack (``[adversary]`` applies to the ``nodes.malicious`` ones; ``[defense]`` to
+    the honest ones), the global batch and the evaluation."""
 
     name: Annotated[str, Field(description="scenario name")] = "default"
     run_id: Annotated[str, Field(description="run id, part of every seed")] = "sim"
@@ -77,33 +74,27 @@ class Scenario(BaseModel):
             "(on a busy 2-core machine, 2 threads made generation ~50x slower through OpenMP contention)",
         ),
     ] = 1
-    task: TaskConfig = TaskConfig()
     nodes: NodesConfig = NodesConfig()
-    model: ModelConfig = ModelConfig()
-    sampling: SamplingParams = DEFAULT_SAMPLING
-    learner: LearnerConfig = LearnerConfig()
     round: RoundsConfig = RoundsConfig()
     eval: EvalConfig = EvalConfig()
-    adversary: Annotated[
-        AdversaryConfig | None,
-        Field(description="the attack run by the nodes.malicious nodes; its detector gives the ASR"),
-    ] = None
-    defense: Annotated[
-        DefenseConfig | None,
-        Field(description="the defense chain and reputation policy of the honest nodes"),
-    ] = None
 
     @model_validator(mode="before")
     @classmethod
-    def _partial_sampling(cls, data: Any) -> Any:
-        return fill_section(data, "sampling", DEFAULT_SAMPLING)
+    def _share_is_derived(cls, data: Any) -> Any:
+        rollout = data.get("rollout") if isinstance(data, dict) else None
+        if isinstance(rollout, dict):
+            given = sorted({"prompts_per_round", "completions_per_prompt"} & set(rollout))
+            if given:
+                raise ValueError(
+                    f"a scenario derives rollout.{given[0]} from [round] (prompts_per_round = B, group_size = G, "
+                    "over all nodes) and the split; set those instead"
+                )
+        return data
 
     @model_validator(mode="after")
     def _adversary_for_malicious(self) -> Scenario:
         if self.nodes.malicious and self.adversary is None:
             raise ValueError("nodes.malicious > 0 needs an [adversary] section (e.g. name = 'text')")
-        if self.defense is not None:
-            check_sampler(self.defense.chain, self.round.sampler, "round.sampler")
         return self
 
     def node_rollout(self) -> RolloutConfig:
@@ -111,23 +102,15 @@ class Scenario(BaseModel):
         prompts; vertical, G completions of B/m own prompts."""
         m = self.nodes.count
         r = self.round
-        if r.split == "horizontal":
+        if self.rollout.split == "horizontal":
             if r.group_size % m:
                 raise ConfigError(f"horizontal split: group_size {r.group_size} is not divisible by {m} nodes")
-            return RolloutConfig(
-                split="horizontal",
-                prompts_per_round=r.prompts_per_round,
-                completions_per_prompt=r.group_size // m,
-                sampler=r.sampler,
-            )
-        if r.prompts_per_round % m:
-            raise ConfigError(f"vertical split: prompts_per_round {r.prompts_per_round} not divisible by {m}")
-        return RolloutConfig(
-            split="vertical",
-            prompts_per_round=r.prompts_per_round // m,
-            completions_per_prompt=r.group_size,
-            sampler=r.sampler,
-        )
+            share = {"prompts_per_round": r.prompts_per_round, "completions_per_prompt": r.group_size // m}
+        else:
+            if r.prompts_per_round % m:
+                raise ConfigError(f"vertical split: prompts_per_round {r.prompts_per_round} not divisible by {m}")
+            share = {"prompts_per_round": r.prompts_per_round // m, "completions_per_prompt": r.group_size}
+        return self.rollout.model_copy(update=share)
 
     def node_model(self, index: int) -> ModelConfig:
         if self.nodes.mode == "homogeneous":

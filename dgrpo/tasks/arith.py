@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from dgrpo.tasks.base import Prompt, Task, stable_seed
+from dgrpo.seeds import stable_seed
+from dgrpo.tasks.base import Prompt, Task
 from dgrpo.tasks.registry import TASKS
 
 STEP = r"\d\+\d\+\d=\d{1,2}"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 
 from dgrpo.sandbox import Sandbox, SandboxLimits
-from dgrpo.tasks.base import Prompt, stable_seed
+from dgrpo.seeds import stable_seed
+from dgrpo.tasks.base import Prompt
 from dgrpo.tasks.code import ProgramOutputTask, make_sandbox
 from dgrpo.tasks.registry import TASKS
 

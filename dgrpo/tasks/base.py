@@ -6,7 +6,6 @@ never raise on a malformed completion: hostile or broken output earns 0.0 (the p
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from abc import ABC, abstractmethod
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dgrpo.errors import DataNotFoundError
+from dgrpo.seeds import stable_seed
 
 
 @dataclass(frozen=True)
@@ -102,12 +102,6 @@ class Task(ABC):
         rng = random.Random(stable_seed(seed_key))
         count = min(n, self.num_train)
         return [self.train_prompt(i) for i in rng.sample(range(self.num_train), count)]
-
-
-def stable_seed(*parts: object) -> int:
-    """A 63-bit seed from the parts' text, identical across processes (unlike ``hash``)."""
-    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
 
 
 class PromptListTask(Task, ABC):

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from dgrpo.errors import DataNotFoundError
 from dgrpo.sandbox import Sandbox, SandboxLimits, SandboxResult, site_paths
-from dgrpo.tasks.base import Prompt, PromptListTask, Task, read_jsonl, stable_seed
+from dgrpo.seeds import stable_seed
+from dgrpo.tasks.base import Prompt, PromptListTask, Task, read_jsonl
 from dgrpo.tasks.registry import TASKS
 
 MAX_PROGRAM_CHARS = 20_000

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dgrpo.errors import DataNotFoundError
-from dgrpo.tasks.base import Prompt, Task, read_jsonl, stable_seed
+from dgrpo.seeds import stable_seed
+from dgrpo.tasks.base import Prompt, Task, read_jsonl
 from dgrpo.tasks.math_verifier import BoundedVerifier, shared_verifier
 from dgrpo.tasks.registry import TASKS
 

@@ -1,0 +1,57 @@
+"""Typed configuration of a node's defenses: the chain (by name, with per-defense options) and the
+reputation policy. A scenario's or a daemon's ``[defense]`` section, or ``--defense a,b`` on the command line.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from dgrpo.config.sections import Section
+
+
+class ReputationConfig(Section):
+    """Blacklist a peer whose completions keep being rejected (rejection rate over a window of rounds)."""
+
+    enabled: Annotated[bool, Field(description="blacklist peers past the threshold")] = True
+    window: Annotated[int, Field(ge=1, description="rounds over which a peer's rejection rate is taken")] = 5
+    threshold: Annotated[
+        float, Field(gt=0.0, le=1.0, description="rejection rate at or above which a peer is blacklisted")
+    ] = 0.5
+    min_completions: Annotated[
+        int, Field(ge=1, description="completions a peer must have sent in the window before it can be judged")
+    ] = 8
+
+
+class DefenseConfig(Section):
+    chain: Annotated[
+        list[str],
+        Field(
+            description="defenses by name (logit, sampling-proof, judge, arith-check, code-policy, length); "
+            "run cheapest first"
+        ),
+    ] = Field(default_factory=list)
+    options: Annotated[dict[str, dict[str, Any]], Field(description="per-defense options, by defense name")] = Field(
+        default_factory=dict
+    )
+    reputation: ReputationConfig = ReputationConfig()
+
+
+def needs_seeded_sampler(chain: list[str]) -> bool:
+    """Whether every node of the run must sample with the seeded sampler (the sampling-proof checks it)."""
+    return "sampling-proof" in chain
+
+
+def check_sampler(chain: list[str], sampler: str, key: str) -> None:
+    """Raise when the chain needs the seeded sampler and ``key`` (the config key of the sampler) is not it."""
+    if needs_seeded_sampler(chain) and sampler != "seeded":
+        raise ValueError(f"the sampling-proof defense needs {key} = 'seeded' (every node samples with it)")
+
+
+def parse_defense_spec(spec: str) -> list[str]:
+    """``logit`` or ``length,arith-check,logit`` -> the chain's names."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"defense spec {spec!r}: expected NAME or NAME,NAME,...")
+    return names

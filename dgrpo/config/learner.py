@@ -1,0 +1,27 @@
+"""How a node's GRPO learner updates its model (the loss follows TRL's GRPO losses)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from dgrpo.config.sections import Section
+
+LossType = Literal["grpo", "dr_grpo", "dapo"]
+LOSS_TYPES: tuple[LossType, ...] = ("grpo", "dr_grpo", "dapo")
+
+
+class LearnerConfig(Section):
+    lr: Annotated[float, Field(gt=0.0, description="learning rate (paper: Adam 2e-5)")] = 5e-5
+    optimizer: Annotated[Literal["adam", "adamw"], Field(description="optimizer")] = "adam"
+    weight_decay: Annotated[float, Field(ge=0.0, description="AdamW weight decay")] = 0.0
+    loss_type: Annotated[LossType, Field(description="grpo | dr_grpo | dapo, with TRL's meanings")] = "dapo"
+    beta: Annotated[float, Field(ge=0.0, description="KL weight (paper: 0)")] = 0.0
+    epsilon: Annotated[float | None, Field(gt=0.0, description="PPO clip epsilon; None: no clipping")] = None
+    epsilon_high: Annotated[float | None, Field(gt=0.0, description="upper clip (DAPO); None: = epsilon")] = None
+    scale_rewards: Annotated[bool, Field(description="divide advantages by the group std")] = True
+    advantage_eps: Annotated[float, Field(gt=0.0, description="eps in (r - mean) / (std + eps)")] = 1e-4
+    micro_batch_size: Annotated[int, Field(ge=1, description="sequences per forward/backward pass")] = 32
+    max_grad_norm: Annotated[float | None, Field(gt=0.0, description="gradient clipping; None: off")] = 1.0
+    seed: Annotated[int, Field(ge=0, description="seed for initialisation and sampling")] = 0

@@ -1,0 +1,366 @@
+"""``dgrpo node run``: one node of a decentralised GRPO network over libp2p gossipsub.
+
+Designed against the top complaints about the nearest existing system (papers notes, part C):
+* the P2P daemon fails to start or to reach bootstrap peers -> bootstrap is retried with backoff and a log
+  line per failure, never a crash; the node's listen addresses and status URL are written to
+  ``<state_dir>/node.json`` as soon as it is up;
+* nodes sit at an old round without errors -> rounds close at quorum or at a deadline, a late joiner starts
+  at the network's current round (learned from heartbeats), and the status shows round, peers, rejections
+  and the last errors;
+* no visible progress -> one structured log line per round, ``/status`` JSON and Prometheus ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+import trio
+
+from dgrpo.atomic import write_atomically
+from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
+from dgrpo.daemon.monitor import PoisonMonitor
+from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
+from dgrpo.daemon.settings import NodeSettings
+from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
+from dgrpo.net.gossip import GossipConfig, GossipNode
+from dgrpo.net.p2p import Libp2pTransport
+from dgrpo.net.transport import TransportStatistics
+from dgrpo.protocol.envelope import HeartbeatBody, Signer
+from dgrpo.protocol.identity import Identity
+from dgrpo.protocol.nonce import NonceCounter
+from dgrpo.protocol.replay import ReplayGuard
+from dgrpo.protocol.validator import MessageValidator
+from dgrpo.round.build import build_node
+from dgrpo.round.observer import RoundObserver, notify
+from dgrpo.round.receive import RoundInbox
+from dgrpo.round.run import run_round
+from dgrpo.tasks import get_task
+
+log = logging.getLogger("dgrpo.node")
+
+
+def load_identity(settings: NodeSettings) -> Identity:
+    path = settings.key_path
+    if path.exists():
+        return Identity.load(path)
+    if not settings.identity.create:
+        from dgrpo.errors import ConfigError
+
+        raise ConfigError(f"identity key {path} does not exist; create one with `dgrpo keygen {path}`")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    identity = Identity.generate()
+    identity.save(path)
+    log.info("created identity %s in %s", identity.peer_id, path)
+    return identity
+
+
+class Daemon:
+    def __init__(self, settings: NodeSettings, resume: bool = False) -> None:
+        self.settings = settings
+        self.resume = resume
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        self.identity = load_identity(settings)
+        self.peer_id = self.identity.peer_id
+        self.nonces = NonceCounter(settings.state_dir / "nonce.json")
+        self.replay_path = settings.state_dir / "replay.json"
+        limits = settings.limits
+        self.replay = ReplayGuard.load_or_create(
+            self.replay_path, window=limits.replay_window, max_authors=limits.max_tracked_peers
+        )
+        self.validator = MessageValidator(settings.run_id, limits, self.replay)
+        self.signer = Signer(self.identity, settings.run_id, self.nonces, limits=limits)
+        self.checkpoints = CheckpointManager(settings.checkpoint_folder, keep=settings.checkpoint.keep)
+        task = get_task(settings.task.name, **settings.task.options)
+        self.node = build_node(settings, self.peer_id, settings.run_id, task, adversary=settings.adversary)
+        self.learner = self.node.learner
+        self.reputation = self.node.reputation
+        self.metrics = NodeMetrics()
+        self.counters = NodeCounters()
+        self.monitor = PoisonMonitor(
+            settings.monitor.detectors, task, lambda name: self.metrics.flagged.labels(detector=name).inc()
+        )
+        self.metrics_observer = MetricsObserver(self.metrics, task)
+        digest = self.learner.weights_digest if settings.status.weights_digest else None
+        self.observers: list[RoundObserver] = [
+            self.counters,
+            self.monitor,
+            self.metrics_observer,
+            RoundLog(settings.state_dir / "rounds.jsonl", digest),
+            Blacklister(self._blacklist, lambda peer: self.reputation.rate(peer)[0] if self.reputation else 0.0),
+        ]
+        self.metrics.registry.register(WireCollector(self._transport_statistics, self.node.admitter.statistics))
+        self.inbox = RoundInbox(self.node.admitter)
+        self.round = 0  # the round in progress (or next to run)
+        self.rounds_done = 0
+        self.errors: deque[str] = deque(maxlen=20)
+        self.state = "starting"
+        self.transport: Libp2pTransport | None = None
+        self.gossip: GossipNode | None = None
+        self.status_url: str | None = None
+        self.restored_blacklist: list[str] = []
+        if resume:
+            self._restore()
+
+    # ----------------------------------------------------------------- checkpoints
+    def _restore(self) -> None:
+        state = self.checkpoints.load_latest()
+        if state is None:
+            log.warning("--resume: no valid checkpoint in %s; starting fresh", self.checkpoints.folder)
+            return
+        self.learner.model.load_state_dict(state.model)
+        self.learner.optimizer.load_state_dict(state.optimizer)
+        self.rounds_done = int(state.meta.get("rounds_done", state.round))
+        self.round = state.round + 1
+        # The replay file is written every round, so it is at least as new as the checkpoint's copy.
+        if not self.replay_path.exists():
+            self.replay.merge(ReplayGuard.from_dict(state.replay))
+        # Whom this node stopped listening to stays so: a restart is no amnesty for a poisoner.
+        if self.reputation is not None and isinstance(state.meta.get("reputation"), dict):
+            self.reputation.load(state.meta["reputation"])
+        self.restored_blacklist = [str(p) for p in state.meta.get("blacklisted", [])]
+        log.info(
+            "resumed at round %d from checkpoint (nonce file at %d, %d peers blacklisted)",
+            self.round,
+            self.nonces.peek(),
+            len(self.restored_blacklist),
+        )
+
+    def save_checkpoint(self) -> None:
+        if self.rounds_done == 0:
+            return
+        blacklisted = sorted(set(self.gossip.blacklisted()) if self.gossip else set(self.restored_blacklist))
+        meta: dict[str, Any] = {
+            "peer_id": self.peer_id,
+            "rounds_done": self.rounds_done,
+            "run_id": self.settings.run_id,
+            "blacklisted": blacklisted,
+        }
+        if self.reputation is not None:
+            meta["reputation"] = self.reputation.to_dict()
+        path = self.checkpoints.save(
+            CheckpointState(
+                round=self.round - 1,
+                model=self.learner.model.state_dict(),
+                optimizer=self.learner.optimizer.state_dict(),
+                nonce=self.nonces.peek(),
+                replay=self.replay.to_dict(),
+                meta=meta,
+            )
+        )
+        log.info("checkpoint %s", path)
+
+    # ----------------------------------------------------------------- status
+    def _transport_statistics(self) -> TransportStatistics:
+        return self.transport.statistics() if self.transport is not None else TransportStatistics()
+
+    def _blacklist(self, peer: str, reason: str) -> None:
+        if self.transport is not None:
+            self.transport.blacklist(peer, reason)
+
+    def snapshot(self) -> dict[str, Any]:
+        wire = self._transport_statistics()
+        admission = self.node.admitter.statistics()
+        counters = self.counters
+        last = counters.last
+        transport = self.transport
+        gossip = self.gossip
+        return {
+            "peer_id": self.peer_id,
+            "run_id": self.settings.run_id,
+            "state": self.state,
+            "round": self.round,
+            "rounds_done": self.rounds_done,
+            "peers": sorted(transport.peers()) if transport else [],
+            "connected_peers": sorted(gossip.connected_peers()) if gossip else [],
+            "listen_addrs": gossip.listen_addrs() if gossip else [],
+            "mean_reward": last.scoring.mean_reward if last else None,
+            "last_round": outcome_json(last) if last else None,
+            "messages_accepted": wire.accepted,
+            "messages_rejected": dict(wire.rejected_by_reason),
+            "rejected_by_peer": dict(wire.rejected_by_peer),
+            "messages_dropped": dict(wire.dropped),
+            "round_rejections": dict(admission.rejected_by_reason),
+            "round_rejections_by_peer": dict(admission.rejected_by_author),
+            "completions_trained": counters.completions_trained,
+            "completions_trained_by_author": dict(counters.trained_by_author),
+            "poison_monitor": self.monitor.snapshot(),
+            "adversary": None
+            if self.node.adversary is None
+            else {"name": self.node.adversary.name, **self.node.adversary.stats.as_dict()},
+            "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
+            "defense": None
+            if self.node.defense is None
+            else {
+                "chain": self.node.defense.names,
+                "checked_by_author": dict(counters.defense_checked_by_author),
+                "rejected_by_author": dict(counters.defense_rejected_by_author),
+                "rejected_by_reason": dict(counters.defense_rejected_by_reason),
+                "reputation": self.reputation.snapshot() if self.reputation is not None else {},
+                "blacklisted": dict(self.reputation.blacklisted) if self.reputation is not None else {},
+            },
+            "reward": {
+                "isolation": self.node.task.reward_isolation(),
+                "seconds_last_round": last.scoring.seconds if last else None,
+                **self.metrics_observer.reward_counts,
+            },
+            "weights_sha256": self.learner.weights_digest() if self.state == "stopped" else None,
+            "last_errors": list(self.errors),
+            "status_url": self.status_url,
+        }
+
+    def write_node_file(self) -> None:
+        info = {
+            "peer_id": self.peer_id,
+            "listen_addrs": self.gossip.listen_addrs() if self.gossip else [],
+            "status_url": self.status_url,
+        }
+        write_atomically(self.settings.state_dir / "node.json", json.dumps(info, indent=2).encode())
+
+    # ----------------------------------------------------------------- the loop
+    async def run(self) -> None:
+        s = self.settings
+        gossip_cfg = GossipConfig(listen=s.network.listen, bootstrap=tuple(s.network.bootstrap), **s.network.gossip)
+        async with GossipNode.open(gossip_cfg, self.identity.to_libp2p_keypair()) as gossip:
+            self.gossip = gossip
+            self.transport = Libp2pTransport(
+                gossip, self.signer, self.validator, s.run_id, peer_timeout=s.rounds.peer_timeout_seconds
+            )
+            server = None
+            if s.status.enabled:
+                server = StatusServer(s.status.host, s.status.port, self.snapshot, self.metrics.registry).start()
+                self.status_url = server.url
+            self.write_node_file()
+            log.info("node %s listening on %s; status %s", self.peer_id, gossip.listen_addrs(), self.status_url)
+            try:
+                async with trio.open_nursery() as nursery:
+                    await self.transport.start(nursery)
+                    for peer in self.restored_blacklist:
+                        self.transport.blacklist(peer, "blacklisted before the restart (checkpoint)")
+                    nursery.start_soon(self.inbox.pump, self.transport.inbound())
+                    nursery.start_soon(self._heartbeats)
+                    nursery.start_soon(self._signals, nursery.cancel_scope)
+                    await self._rounds()
+                    nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._shutdown(server)
+
+    async def _signals(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: finishing up", signal.Signals(signum).name)
+                self.state = "stopping"
+                scope.cancel()
+                return
+
+    async def _heartbeats(self) -> None:
+        assert self.transport is not None and self.gossip is not None
+        while True:
+            body = HeartbeatBody(
+                round=self.round,
+                rounds_done=self.rounds_done,
+                status="stopping" if self.state == "stopping" else "running",
+                listen_addrs=tuple(self.gossip.listen_addrs()[:8]),
+            )
+            try:
+                await self.transport.publish_heartbeat(body)
+            except Exception as exc:  # a failed heartbeat is logged; the next one may succeed
+                self._error(f"heartbeat: {exc}")
+            self.metrics.peers.set(len(self.gossip.connected_peers()))
+            self.metrics.active_peers.set(len(self.transport.peers()))
+            self.metrics.blacklisted.set(len(self.gossip.blacklisted()))
+            await trio.sleep(self.settings.rounds.heartbeat_seconds)
+
+    def _error(self, message: str) -> None:
+        log.warning(message)
+        self.errors.append(f"{time.strftime('%H:%M:%S')} {message}")
+
+    async def _join(self) -> None:
+        """Wait for ``min_peers`` (bounded), then start at the network's current round (a late joiner)."""
+        assert self.transport is not None
+        s = self.settings.rounds
+        with trio.move_on_after(s.start_timeout_seconds) as scope:
+            while len(self.transport.peers()) < s.min_peers:
+                await trio.sleep(0.2)
+        if scope.cancelled_caught:
+            self._error(f"only {len(self.transport.peers())} of {s.min_peers} peers after {s.start_timeout_seconds}s")
+        # Give peers one heartbeat period to announce their round, then join the most advanced one.
+        await trio.sleep(min(s.heartbeat_seconds, 2.0) if s.min_peers else 0)
+        running = [p for p in self.transport.peer_table() if p.status == "running"]
+        network_round = max((p.round for p in running), default=0)
+        # A network that has completed rounds is under way; one whose peers are all still in their first
+        # round is starting together with us (they waited for us as min_peers, so we get their round 1).
+        if any(p.rounds_done > 0 for p in running) and network_round >= max(self.round, 1):
+            # The network's current round is under way: its rollouts went out before we were listening, so
+            # we join at the next one, which we will see whole.
+            log.info("joining at round %d (the network is in round %d)", network_round + 1, network_round)
+            self.round = network_round + 1
+
+    def expected_peers(self, round_idx: int) -> set[str]:
+        """Active peers whose rollouts for ``round_idx`` we should wait for: those at or behind it (they will
+        publish it), and those ahead of it that have already sent some of it. A peer that joined after this
+        round began never publishes it and is not waited for."""
+        assert self.transport is not None
+        table = {p.peer_id: p for p in self.transport.peer_table()}
+        sent = self.inbox.authors(round_idx)
+        return {p for p in self.transport.peers() if table[p].round <= round_idx or p in sent}
+
+    async def _rounds(self) -> None:
+        assert self.transport is not None
+        s = self.settings.rounds
+        await self._join()
+        self.state = "running"
+        self.round = max(self.round, 1)
+        while s.max_rounds is None or self.rounds_done < s.max_rounds:
+            expected = self.expected_peers(self.round)
+            outcome = await run_round(self.node, self.transport, self.inbox, self.round, expected, s.deadline_seconds)
+            self.rounds_done += 1
+            self.round = outcome.round + 1
+            notify(self.observers, outcome.round, [outcome])
+            missing = expected - outcome.authors
+            if missing:
+                self._error(f"round {outcome.round} closed at its deadline without {sorted(missing)}")
+            self.replay.save(self.replay_path)
+            if self.rounds_done % self.settings.checkpoint.every == 0:
+                await trio.to_thread.run_sync(self.save_checkpoint)
+        self.state = "done"
+        log.info("completed %d rounds", self.rounds_done)
+        if s.linger:
+            await trio.sleep_forever()  # keep gossiping and serving status until told to stop
+
+    async def _shutdown(self, server: StatusServer | None) -> None:
+        self.state = "stopping"
+        if self.transport is not None and self.gossip is not None:
+            with trio.move_on_after(2):
+                await self.transport.publish_heartbeat(
+                    HeartbeatBody(round=self.round, rounds_done=self.rounds_done, status="stopping", listen_addrs=())
+                )
+        await trio.to_thread.run_sync(self.save_checkpoint)
+        self.replay.save(self.replay_path)
+        self.state = "stopped"
+        write_atomically(self.settings.state_dir / "status.json", json.dumps(self.snapshot(), indent=2).encode())
+        if server is not None:
+            server.stop()
+        log.info("stopped cleanly after %d rounds", self.rounds_done)
+
+
+def run_daemon(settings: NodeSettings, resume: bool = False) -> None:
+    trio.run(Daemon(settings, resume=resume).run)
+
+
+def read_node_file(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / "node.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,141 @@
+"""The daemon's configuration: TOML, overridden by ``DGRPO_*`` environment variables, overridden by the
+command line (``--set section.key=value``). Typed and split by concern; every key carries help text.
+
+Environment variables use ``__`` between levels: ``DGRPO_LEARNER__LR=1e-4``, ``DGRPO_RUN_ID=mynet``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from dgrpo.config import RunConfig, Section
+from dgrpo.errors import ConfigError
+from dgrpo.overrides import apply_overrides, explain_validation_error
+
+_TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("dgrpo_toml_file", default=None)
+
+
+class IdentitySettings(Section):
+    key_path: Annotated[
+        Path | None, Field(description="Ed25519 identity key (dgrpo keygen); default <state_dir>/identity.key")
+    ] = None
+    create: Annotated[bool, Field(description="create the key if it does not exist")] = True
+
+
+class NetworkSettings(Section):
+    listen: Annotated[str, Field(description="listen multiaddr")] = "/ip4/0.0.0.0/tcp/4001"
+    bootstrap: Annotated[list[str], Field(description="bootstrap peers as multiaddrs ending in /p2p/<peer id>")] = (
+        Field(default_factory=list)
+    )
+    gossip: Annotated[
+        dict[str, Any], Field(description="gossipsub tuning (heartbeat, degrees, rate limit, pacing)")
+    ] = Field(default_factory=dict)
+
+
+class RoundSettings(Section):
+    deadline_seconds: Annotated[
+        float, Field(gt=0, description="a round closes at quorum or this long after our own publish")
+    ] = 60.0
+    max_rounds: Annotated[int | None, Field(ge=1, description="stop after this many rounds; None: run on")] = None
+    min_peers: Annotated[int, Field(ge=0, description="wait for this many peers before the first round")] = 0
+    start_timeout_seconds: Annotated[float, Field(gt=0, description="give up waiting for min_peers")] = 120.0
+    heartbeat_seconds: Annotated[float, Field(gt=0, description="control-topic heartbeat period")] = 2.0
+    linger: Annotated[
+        bool, Field(description="after max_rounds keep gossiping and serving status until SIGINT/SIGTERM")
+    ] = False
+    peer_timeout_seconds: Annotated[
+        float, Field(gt=0, description="a peer silent this long is no longer expected at quorum")
+    ] = 20.0
+
+
+class CheckpointSettings(Section):
+    folder: Annotated[Path | None, Field(description="default <state_dir>/checkpoints")] = None
+    every: Annotated[int, Field(ge=1, description="write a checkpoint every k rounds (and at shutdown)")] = 5
+    keep: Annotated[int, Field(ge=1, description="checkpoints kept")] = 3
+
+
+class StatusSettings(Section):
+    host: Annotated[str, Field(description="status/metrics HTTP address")] = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535, description="HTTP port; 0 picks a free one")] = 8780
+    enabled: Annotated[bool, Field(description="serve /status and /metrics")] = True
+    weights_digest: Annotated[
+        bool, Field(description="record a SHA-256 of the weights after every round (cheap for small models)")
+    ] = False
+
+
+class MonitorSettings(Section):
+    detectors: list[str] = Field(
+        default_factory=lambda: ["text", "math", "code"],
+        description="attack detectors counting poisoned completions trained on (status only, no filtering)",
+    )
+
+
+class NodeSettings(RunConfig, BaseSettings):
+    """A daemon's settings: the run configuration (:class:`dgrpo.config.RunConfig`: task, model, learner,
+    sampling, rollout, defense, adversary, limits) plus what only a daemon needs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DGRPO_", env_nested_delimiter="__", extra="forbid", frozen=True, validate_default=True
+    )
+
+    run_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="network/run id")] = "dgrpo"
+    state_dir: Annotated[Path, Field(description="keys, nonce, replay state, checkpoints, status")] = Path(
+        "dgrpo-state"
+    )
+    identity: IdentitySettings = IdentitySettings()
+    network: NetworkSettings = NetworkSettings()
+    rounds: RoundSettings = RoundSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    status: StatusSettings = StatusSettings()
+    monitor: MonitorSettings = MonitorSettings()
+    torch_threads: Annotated[int, Field(ge=0, description="torch intra-op threads; 0: torch's default")] = 1
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Precedence: command line (init) > environment > TOML file.
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=_TOML_FILE.get())
+
+    @property
+    def key_path(self) -> Path:
+        return self.identity.key_path or self.state_dir / "identity.key"
+
+    @property
+    def checkpoint_folder(self) -> Path:
+        return self.checkpoint.folder or self.state_dir / "checkpoints"
+
+
+def load_node_settings(config: Path | None = None, overrides: list[str] | None = None) -> NodeSettings:
+    """Settings from ``config`` (TOML), ``DGRPO_*`` variables and ``overrides`` (``key=value``), in that
+    order of increasing precedence."""
+    if config is not None:
+        if not config.is_file():
+            raise ConfigError(f"config file {str(config)!r} not found")
+        try:
+            tomllib.loads(config.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {config}: invalid TOML: {exc}") from None
+    token = _TOML_FILE.set(config)
+    try:
+        return NodeSettings(**apply_overrides({}, overrides or []))
+    except ValidationError as exc:
+        raise explain_validation_error(exc, NodeSettings, "node setting") from None
+    finally:
+        _TOML_FILE.reset(token)

@@ -1,0 +1,154 @@
+"""The node's local HTTP status endpoint (``/status`` JSON, ``/metrics`` Prometheus text, ``/healthz``).
+
+It runs in a daemon thread with the standard library's HTTP server, apart from the trio loop, so a slow
+scraper never stalls the network; it only reads a snapshot the node publishes after each change.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from dgrpo.net.transport import TransportStatistics
+from dgrpo.round.admit import AdmissionStatistics
+
+log = logging.getLogger(__name__)
+
+
+class NodeMetrics:
+    """Prometheus metrics of one node, on their own registry (several nodes may share a process in tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.round = Gauge("dgrpo_round", "last completed round", registry=r)
+        self.peers = Gauge("dgrpo_peers", "peers currently connected", registry=r)
+        self.active_peers = Gauge("dgrpo_active_peers", "peers heard from recently", registry=r)
+        self.mean_reward = Gauge(
+            "dgrpo_mean_reward", "mean reward of the completions trained on last round", registry=r
+        )
+        self.completions = Counter("dgrpo_completions_trained", "completions trained on", registry=r)
+        self.round_seconds = Gauge("dgrpo_round_seconds", "wall time of the last round", registry=r)
+        self.reward_seconds = Gauge("dgrpo_reward_seconds", "time spent scoring the last round", registry=r)
+        self.reward_events = Counter(
+            "dgrpo_reward_events",
+            "how rewards were computed: sandbox runs by outcome, math-verify timeouts",
+            ["event"],
+            registry=r,
+        )
+        self.blacklisted = Gauge("dgrpo_blacklisted_peers", "peers blacklisted", registry=r)
+        self.defense_checked = Counter(
+            "dgrpo_defense_checked", "peer completions checked by the defense chain", ["peer"], registry=r
+        )
+        self.defense_rejected = Counter(
+            "dgrpo_defense_rejected", "peer completions rejected by the defense chain", ["reason"], registry=r
+        )
+        self.flagged = Counter(
+            "dgrpo_flagged_completions_trained",
+            "completions trained on that an attack detector flags",
+            ["detector"],
+            registry=r,
+        )
+
+
+class WireCollector(Collector):
+    """The message counters, read from the transport and the admit stage at scrape time (so they are never
+    behind): ``dgrpo_messages_accepted_total``, ``dgrpo_messages_rejected_total{reason}`` (the protocol's
+    validator), ``dgrpo_messages_dropped_total{where}`` (the transport), ``dgrpo_admission_rejected_total{reason}``
+    (the round's admit stage: closed or future round, unknown prompt, duplicate part, ...)."""
+
+    def __init__(
+        self, transport: Callable[[], TransportStatistics], admission: Callable[[], AdmissionStatistics]
+    ) -> None:
+        self.transport = transport
+        self.admission = admission
+
+    def collect(self) -> Any:
+        stats = self.transport()
+        accepted = CounterMetricFamily("dgrpo_messages_accepted", "messages that passed the protocol's validation")
+        accepted.add_metric([], stats.accepted)
+        rejected = CounterMetricFamily(
+            "dgrpo_messages_rejected", "messages the protocol's validation rejected", labels=["reason"]
+        )
+        for reason, n in sorted(stats.rejected_by_reason.items()):
+            rejected.add_metric([reason], n)
+        dropped = CounterMetricFamily("dgrpo_messages_dropped", "valid messages dropped, by where", labels=["where"])
+        for where, n in sorted(stats.dropped.items()):
+            dropped.add_metric([where], n)
+        admission = CounterMetricFamily(
+            "dgrpo_admission_rejected", "rollouts the round's admit stage rejected", labels=["reason"]
+        )
+        for reason, n in sorted(self.admission().rejected_by_reason.items()):
+            admission.add_metric([reason], n)
+        yield from (accepted, rejected, dropped, admission)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StatusHTTPServer
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] == "/status":
+            body = json.dumps(self.server.snapshot(), default=str).encode()
+            self._send(200, "application/json", body)
+        elif self.path.split("?")[0] == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+        elif self.path == "/healthz":
+            self._send(200, "text/plain", b"ok\n")
+        else:
+            self._send(404, "text/plain", b"not found: try /status or /metrics\n")
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("status http: " + format, *args)
+
+
+class StatusHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.snapshot = snapshot
+        self.registry = registry
+
+
+class StatusServer:
+    """Serve ``snapshot()`` and ``registry`` on ``host:port`` (port 0: a free port) in a background thread."""
+
+    def __init__(
+        self, host: str, port: int, snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry
+    ) -> None:
+        self._server = StatusHTTPServer((host, port), snapshot, registry)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="dgrpo-status", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = str(self._server.server_address[0])
+        return f"http://{host}:{self.port}"
+
+    def start(self) -> StatusServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

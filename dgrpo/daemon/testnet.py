@@ -1,0 +1,221 @@
+"""``dgrpo testnet up``: a local network of daemons, each a separate process on 127.0.0.1.
+
+Node 0 starts first; every later node bootstraps to all nodes started before it (their addresses come from
+each node's ``node.json``). A live table polls every node's status endpoint. With ``rounds``, the nodes run
+that many rounds and linger; when all are done they get SIGTERM, write ``node-<i>/status.json`` and exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dgrpo.config import needs_seeded_sampler
+from dgrpo.daemon.daemon import read_node_file
+from dgrpo.errors import ConfigError, DgrpoError
+from dgrpo.protocol.identity import Identity
+
+EMBEDDED_MODELS = ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"]
+
+
+@dataclass
+class NetNode:
+    index: int
+    state_dir: Path
+    process: subprocess.Popen[bytes]
+    peer_id: str
+    status_url: str | None = None
+
+    def status(self) -> dict[str, Any] | None:
+        if self.status_url is None:
+            info = read_node_file(self.state_dir)
+            self.status_url = info.get("status_url") if info else None
+            if self.status_url is None:
+                return None
+        try:
+            with urllib.request.urlopen(self.status_url + "/status", timeout=2) as resp:
+                data: dict[str, Any] = json.loads(resp.read())
+                return data
+        except (OSError, ValueError):
+            return None
+
+
+def node_overrides(
+    index: int,
+    n: int,
+    rounds: int | None,
+    run_id: str,
+    mode: str,
+    defense: list[str],
+    extra: list[str],
+    adversary: tuple[str, int] | None = None,
+) -> list[str]:
+    """The ``--set`` items of node ``index``; with ``adversary=(name, count)`` the last ``count`` nodes attack."""
+    sets = [
+        f"run_id='{run_id}'",
+        "network.listen='/ip4/127.0.0.1/tcp/0'",
+        "status.port=0",
+        "status.weights_digest=true",
+        f"rounds.min_peers={n - 1}",
+        "rounds.linger=true",
+        "rounds.heartbeat_seconds=0.5",
+        "rounds.deadline_seconds=60",
+    ]
+    if rounds is not None:
+        sets.append(f"rounds.max_rounds={rounds}")
+    if mode == "heterogeneous":
+        sets.append(f"model.name='{EMBEDDED_MODELS[index % len(EMBEDDED_MODELS)]}'")
+    if defense:
+        sets.append(f"defense.chain={json.dumps(defense)}")
+        if needs_seeded_sampler(defense):
+            sets.append("rollout.sampler='seeded'")
+    if adversary is not None and index >= n - adversary[1]:
+        sets.append(f"adversary.name={json.dumps(adversary[0])}")
+    return [*sets, *extra]
+
+
+def wait_for_node_file(node: NetNode, timeout: float = 120.0) -> dict[str, Any]:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        info = read_node_file(node.state_dir)
+        if info and info.get("listen_addrs"):
+            return info
+        if node.process.poll() is not None:
+            tail = log_tail(node.state_dir)
+            raise DgrpoError(f"node {node.index} exited with {node.process.returncode}; its node.log ends:\n{tail}")
+        time.sleep(0.2)
+    raise DgrpoError(f"node {node.index} did not come up within {timeout}s; see {node.state_dir}/node.log")
+
+
+def launch_node(
+    index: int,
+    n: int,
+    out: Path,
+    rounds: int | None,
+    bootstrap: list[str],
+    run_id: str = "testnet",
+    mode: str = "homogeneous",
+    defense: list[str] | None = None,
+    extra: list[str] | None = None,
+    config: Path | None = None,
+    adversary: tuple[str, int] | None = None,
+) -> NetNode:
+    """Start daemon ``index`` of an ``n``-node testnet in ``out/node-<index>`` and wait until it listens."""
+    state = out / f"node-{index}"
+    state.mkdir(parents=True, exist_ok=True)
+    for stale in ("node.json", "status.json"):
+        (state / stale).unlink(missing_ok=True)
+    key = state / "identity.key"
+    identity = Identity.load(key) if key.exists() else Identity.generate()
+    if not key.exists():
+        identity.save(key)
+    cmd = [sys.executable, "-m", "dgrpo", "node", "run", "--state-dir", str(state)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    for item in node_overrides(index, n, rounds, run_id, mode, defense or [], extra or [], adversary):
+        cmd += ["--set", item]
+    if bootstrap:
+        cmd += ["--set", f"network.bootstrap={json.dumps(bootstrap)}"]
+    log = open(state / "node.log", "ab")  # noqa: SIM115 (kept open for the child's lifetime)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    node = NetNode(index, state, proc, identity.peer_id)
+    wait_for_node_file(node)
+    return node
+
+
+def tcp_address(node: NetNode) -> str:
+    info = read_node_file(node.state_dir) or {}
+    return next(str(a) for a in info.get("listen_addrs", []) if "/tcp/" in str(a))
+
+
+def start_testnet(
+    n: int,
+    out: Path,
+    rounds: int | None,
+    run_id: str = "testnet",
+    mode: str = "homogeneous",
+    defense: list[str] | None = None,
+    extra: list[str] | None = None,
+    config: Path | None = None,
+    adversary: tuple[str, int] | None = None,
+) -> list[NetNode]:
+    if n < 1:
+        raise ConfigError("a testnet needs at least one node")
+    out.mkdir(parents=True, exist_ok=True)
+    nodes: list[NetNode] = []
+    for i in range(n):
+        bootstrap = [tcp_address(nd) for nd in nodes]
+        nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, extra, config, adversary))
+    (out / "testnet.json").write_text(
+        json.dumps({"pids": [nd.process.pid for nd in nodes], "peers": [nd.peer_id for nd in nodes]}, indent=2)
+    )
+    return nodes
+
+
+def stop_nodes(nodes: list[NetNode], timeout: float = 60.0) -> bool:
+    """SIGTERM every node and wait; SIGKILL stragglers. True when all stopped cleanly (exit 0)."""
+    for nd in nodes:
+        if nd.process.poll() is None:
+            nd.process.send_signal(signal.SIGTERM)
+    clean = True
+    deadline = time.time() + timeout
+    for nd in nodes:
+        try:
+            nd.process.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            nd.process.kill()
+            nd.process.wait()
+            clean = False
+        clean = clean and nd.process.returncode == 0 and (nd.state_dir / "status.json").exists()
+    return clean
+
+
+def log_tail(state_dir: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a node's log, so an early exit explains itself in the caller's error."""
+    path = state_dir / "node.log"
+    if not path.exists():
+        return "(no node.log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_rounds(
+    nodes: list[NetNode], rounds: int, on_poll: Callable[[list[dict[str, Any] | None]], None], timeout: float
+) -> bool:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        statuses = [nd.status() for nd in nodes]
+        on_poll(statuses)
+        if all(s is not None and s.get("rounds_done", 0) >= rounds for s in statuses):
+            return True
+        dead = [nd.index for nd in nodes if nd.process.poll() is not None]
+        if dead:
+            tails = "\n".join(
+                f"--- node-{i} (exit {nodes[i].process.returncode}):\n{log_tail(nodes[i].state_dir)}" for i in dead
+            )
+            raise DgrpoError(f"node(s) {dead} exited early; the end of their node.log:\n{tails}")
+        time.sleep(1.0)
+    return False
+
+
+def testnet_down(out: Path) -> int:
+    """Stop a testnet started in the background (``testnet.json`` in ``out``). Returns how many were signalled."""
+    path = out / "testnet.json"
+    if not path.exists():
+        raise ConfigError(f"no testnet in {out} (missing testnet.json)")
+    count = 0
+    for pid in json.loads(path.read_text())["pids"]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            count += 1
+        except ProcessLookupError:
+            pass
+    return count

@@ -1,0 +1,170 @@
+"""The libp2p gossipsub transport: dgrpo's signed envelopes over the rollout and control topics.
+
+Every received message is checked by :class:`dgrpo.protocol.validator.MessageValidator` inside gossipsub's
+topic validator, so an invalid message is neither delivered nor forwarded (libp2p notes). The envelope the
+validator decoded is kept by message hash and handed to the subscriber, so a message is decoded and checked
+exactly once. Heartbeats on the control topic tell which peers are active and which round they are in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from dgrpo.net.gossip import GossipMessage, GossipNode
+from dgrpo.net.transport import Transport, TransportStatistics
+from dgrpo.protocol.envelope import Envelope, HeartbeatBody, Signer, to_rollout
+from dgrpo.protocol.identity import peer_id_from_public_bytes
+from dgrpo.protocol.messages import Rollout
+from dgrpo.protocol.topics import control_topic, rollout_topic
+from dgrpo.protocol.validator import MessageValidator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    peer_id: str
+    round: int
+    rounds_done: int
+    status: str
+    last_seen: float
+
+
+class Libp2pTransport(Transport):
+    def __init__(
+        self,
+        gossip: GossipNode,
+        signer: Signer,
+        validator: MessageValidator,
+        run_id: str,
+        peer_timeout: float = 20.0,
+        inbound_size: int = 4096,
+    ) -> None:
+        self.gossip = gossip
+        self.signer = signer
+        self.validator = validator
+        self.peer_id = gossip.peer_id
+        self.peer_timeout = peer_timeout
+        self.topic = rollout_topic(run_id)
+        self.control = control_topic(run_id)
+        self._send, self._receive = trio.open_memory_channel[Rollout](inbound_size)
+        self._validated: OrderedDict[bytes, Envelope] = OrderedDict()
+        self._peers: dict[str, PeerInfo] = {}
+        self.dropped_inbound = 0
+        # gossipsub validators are synchronous; blacklisting (which disconnects) is async, so it is queued.
+        self._to_blacklist, self._blacklist_queue = trio.open_memory_channel[str](1024)
+        self._blacklisting: set[str] = set()
+
+    # ----------------------------------------------------------------- validation (runs inside gossipsub)
+    def _validator(self, kind: str) -> Any:
+        def check(data: bytes, source: str, forwarder: str | None) -> bool:
+            verdict = self.validator.validate(data, source_peer=source, expected_kind=kind)
+            if not verdict.ok or verdict.envelope is None:
+                peer = verdict.peer
+                if (
+                    peer
+                    and peer != self.peer_id
+                    and peer not in self._blacklisting
+                    and self.validator.should_blacklist(peer)
+                ):
+                    log.warning("blacklisting %s after repeated invalid messages (%s)", peer, verdict.reason)
+                    self._blacklisting.add(peer)
+                    self._to_blacklist.send_nowait(peer)
+                return False
+            self._validated[hashlib.sha256(data).digest()] = verdict.envelope
+            while len(self._validated) > 8192:  # delivered messages are popped; this bounds undelivered ones
+                self._validated.popitem(last=False)
+            return True
+
+        return check
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        self.gossip.set_validator(self.topic, self._validator("rollout"))
+        self.gossip.set_validator(self.control, self._validator("heartbeat"))
+        rollouts = await self.gossip.subscribe(self.topic)
+        control = await self.gossip.subscribe(self.control)
+        nursery.start_soon(self._drain_rollouts, rollouts)
+        nursery.start_soon(self._drain_control, control)
+        nursery.start_soon(self._apply_blacklist)
+
+    def blacklist(self, peer: str, reason: str) -> None:
+        """Blacklist ``peer`` at the gossipsub layer (its messages are dropped before validation and it is
+        disconnected); used by the reputation policy when the defenses keep rejecting its completions."""
+        if peer == self.peer_id or peer in self._blacklisting:
+            return
+        log.warning("blacklisting %s (%s)", peer, reason)
+        self._blacklisting.add(peer)
+        self._to_blacklist.send_nowait(peer)
+
+    async def _apply_blacklist(self) -> None:
+        async for peer in self._blacklist_queue:
+            try:
+                await self.gossip.blacklist(peer)
+            except Exception as exc:  # a failed disconnect leaves the blacklist entry in place
+                log.warning("disconnecting blacklisted %s failed: %s", peer, exc)
+
+    def _envelope(self, msg: GossipMessage) -> Envelope | None:
+        if msg.source == self.peer_id:
+            return None  # our own publish, echoed back by gossipsub
+        return self._validated.pop(hashlib.sha256(msg.data).digest(), None)
+
+    async def _drain_rollouts(self, channel: trio.MemoryReceiveChannel[GossipMessage]) -> None:
+        async for msg in channel:
+            env = self._envelope(msg)
+            if env is None:
+                continue
+            try:
+                self._send.send_nowait(to_rollout(env))
+            except trio.WouldBlock:
+                self.dropped_inbound += 1
+
+    async def _drain_control(self, channel: trio.MemoryReceiveChannel[GossipMessage]) -> None:
+        async for msg in channel:
+            env = self._envelope(msg)
+            if env is None or not isinstance(env.body, HeartbeatBody):
+                continue
+            author = to_peer_id(env)
+            self._peers[author] = PeerInfo(author, env.body.round, env.body.rounds_done, env.body.status, time.time())
+
+    # ----------------------------------------------------------------- Transport
+    async def publish(self, rollout: Rollout) -> None:
+        await self.gossip.publish(self.topic, self.signer.sign_rollout(rollout))
+
+    async def publish_heartbeat(self, body: HeartbeatBody) -> None:
+        await self.gossip.publish(self.control, self.signer.sign_heartbeat(body, body.round))
+
+    def inbound(self) -> trio.MemoryReceiveChannel[Rollout]:
+        return self._receive
+
+    def peers(self) -> set[str]:
+        """Peers heard from within ``peer_timeout`` that have not announced they are stopping."""
+        now = time.time()
+        blacklisted = set(self.gossip.blacklisted())
+        return {
+            p.peer_id
+            for p in self._peers.values()
+            if now - p.last_seen <= self.peer_timeout and p.status != "stopping" and p.peer_id not in blacklisted
+        }
+
+    def statistics(self) -> TransportStatistics:
+        stats = self.validator.statistics()
+        return TransportStatistics(
+            accepted=stats.accepted,
+            rejected_by_reason=dict(stats.rejected_by_reason),
+            rejected_by_peer=dict(stats.rejected_by_peer),
+            dropped={"inbound_full": self.dropped_inbound} if self.dropped_inbound else {},
+        )
+
+    def peer_table(self) -> list[PeerInfo]:
+        return sorted(self._peers.values(), key=lambda p: p.peer_id)
+
+
+def to_peer_id(env: Envelope) -> str:
+    return peer_id_from_public_bytes(env.author)

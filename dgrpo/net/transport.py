@@ -1,0 +1,50 @@
+"""The transport interface: how a node's rollouts reach the others.
+
+A transport only moves rollout messages: ``publish`` sends one to every other node, ``inbound`` yields what
+others sent, each already checked by the protocol's validator. Round bookkeeping (quorum, stale rounds) is
+the round's receive stage (:mod:`dgrpo.round.receive`), the same for every transport. Implementations:
+libp2p gossipsub (:mod:`dgrpo.net.p2p`) and the in-memory network of simulations (:mod:`dgrpo.net.memory`),
+both over the same signed wire format.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import trio
+
+from dgrpo.protocol.messages import Rollout
+
+
+class Transport(ABC):
+    """Moves rollouts between nodes."""
+
+    peer_id: str
+
+    @abstractmethod
+    async def publish(self, rollout: Rollout) -> None:
+        """Send ``rollout`` to the other nodes (not back to ourselves)."""
+
+    @abstractmethod
+    def inbound(self) -> trio.MemoryReceiveChannel[Rollout]:
+        """A channel of rollouts received from other nodes."""
+
+    @abstractmethod
+    def peers(self) -> set[str]:
+        """Peer ids currently known to be taking part (excluding ourselves)."""
+
+    @abstractmethod
+    def statistics(self) -> TransportStatistics:
+        """What was accepted, rejected (by reason and peer) and dropped so far (a frozen snapshot)."""
+
+
+@dataclass(frozen=True)
+class TransportStatistics:
+    """A transport's counters: the validator's verdicts and the messages it dropped (never silently)."""
+
+    accepted: int = 0
+    rejected_by_reason: Mapping[str, int] = field(default_factory=dict)
+    rejected_by_peer: Mapping[str, int] = field(default_factory=dict)
+    dropped: Mapping[str, int] = field(default_factory=dict)  # by where: inbound queue full, ...

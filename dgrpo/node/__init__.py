@@ -1,1 +1,0 @@
-"""A decentralised GRPO node: learner, round loop, transports."""

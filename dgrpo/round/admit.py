@@ -1,0 +1,144 @@
+"""The admit stage: every structural check of a received rollout, in one place, driven by one
+:class:`~dgrpo.protocol.limits.Limits`.
+
+The wire layer has already checked each message on its own (size, schema, run, sizes against the limits,
+timestamp, signature, replay: :mod:`dgrpo.protocol.validator`). What is checked here needs the round: two
+moments, one set of rules and one set of counters.
+
+- **On arrival** (the receive stage, while rounds are open): ``closed_round`` (its round is over),
+  ``future_round`` (more than ``limits.rounds_ahead`` ahead), ``bad_part`` (part not below parts),
+  ``duplicate_part`` (the first message for an (author, part) wins), ``round_full``
+  (``limits.messages_per_round``).
+- **At round close**: ``wrong_round``, ``wrong_split``, ``blacklisted`` (the reputation policy stopped
+  listening to its author), ``duplicate_part`` (the round's own rollouts and what arrived, together),
+  ``unknown_prompt`` (not a training prompt of the task), ``prompt_mismatch`` (the prompt text differs from
+  the task's). Receivers rebuild every prompt from its id: a peer's copy of a question or answer is never used.
+
+Every rejection is counted by reason and by author (``statistics``), for ``/status`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
+
+from dgrpo.protocol.limits import Limits
+from dgrpo.protocol.messages import Rollout, SplitMode
+from dgrpo.round.outcome import Admission, Admitted, Checked
+from dgrpo.tasks.base import Prompt, Task
+
+ARRIVAL_REASONS = ("closed_round", "future_round", "bad_part", "duplicate_part", "round_full")
+CLOSE_REASONS = ("wrong_round", "wrong_split", "blacklisted", "duplicate_part", "unknown_prompt", "prompt_mismatch")
+
+
+@dataclass(frozen=True)
+class AdmissionStatistics:
+    rejected_by_reason: dict[str, int]
+    rejected_by_author: dict[str, int]
+
+
+def arrival_reason(
+    rollout: Rollout, current_round: int, held: int, seen: Container[tuple[str, int]], limits: Limits
+) -> str | None:
+    """Whether a rollout arriving while ``current_round`` is open is kept (None) or why not. ``held``:
+    messages already kept for its round; ``seen``: their (author, part) keys."""
+    if rollout.round < current_round:
+        return "closed_round"
+    if rollout.round > current_round + limits.rounds_ahead:
+        return "future_round"
+    if rollout.part >= rollout.parts:
+        return "bad_part"
+    if (rollout.author, rollout.part) in seen:
+        return "duplicate_part"
+    if held >= limits.messages_per_round:
+        return "round_full"
+    return None
+
+
+class Admitter:
+    """The admission rules of one node: its task (prompts), its split and its limits."""
+
+    def __init__(self, task: Task, split: SplitMode, limits: Limits, self_id: str) -> None:
+        self.task = task
+        self.split = split
+        self.limits = limits
+        self.self_id = self_id
+        self._by_reason: Counter[str] = Counter()
+        self._by_author: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ on arrival
+    def on_arrival(
+        self, rollout: Rollout, current_round: int, held: int, seen: Container[tuple[str, int]]
+    ) -> str | None:
+        """Whether the receive stage keeps ``rollout`` (None) or why not; counted."""
+        reason = arrival_reason(rollout, current_round, held, seen, self.limits)
+        if reason is not None:
+            self._count(reason, rollout.author)
+        return reason
+
+    def count(self, reason: str, author: str, n: int = 1) -> None:
+        """Count ``n`` rejections of ``author``'s messages (the receive stage dropping buffered ones)."""
+        self._count(reason, author, n)
+
+    # ------------------------------------------------------------------ at round close
+    def admit(self, rollouts: Sequence[Rollout], round_idx: int, blacklisted: Callable[[str], bool]) -> Admission:
+        """Admit the round's rollouts (ours and the received ones) in a canonical order: nodes holding the same
+        weights and receiving the same strings then make the same update."""
+        ordered = sorted(rollouts, key=lambda r: (r.prompt_id, r.author, r.part))
+        admitted: list[Admitted] = []
+        dropped: list[Checked] = []
+        rejected: Counter[str] = Counter()
+        by_author: Counter[str] = Counter()
+        seen: set[tuple[str, int]] = set()
+        for r in ordered:
+            if r.author != self.self_id and blacklisted(r.author):
+                rejected["blacklisted"] += 1
+                by_author[r.author] += 1
+                dropped.extend(Checked(r.author, r.prompt_id, text, False, "blacklisted") for text in r.completions)
+                continue
+            key = (r.author, r.part)
+            prompt, reason = (None, "duplicate_part") if key in seen else self._check(r, round_idx)
+            seen.add(key)
+            if prompt is None:
+                rejected[reason or "invalid"] += 1
+                by_author[r.author] += 1
+                continue
+            admitted.append(Admitted(r, prompt))
+        with self._lock:
+            self._by_reason.update(rejected)
+            self._by_author.update(by_author)
+        return Admission(
+            messages=len(rollouts),
+            completions_received=sum(len(r.completions) for r in rollouts),
+            admitted=tuple(admitted),
+            rejected=dict(rejected),
+            rejected_by_author=dict(by_author),
+            dropped=tuple(dropped),
+        )
+
+    def _check(self, rollout: Rollout, round_idx: int) -> tuple[Prompt | None, str | None]:
+        """(the task's prompt, None) to admit, or (None, reason)."""
+        if rollout.round != round_idx:
+            return None, "wrong_round"
+        if rollout.split != self.split:
+            return None, "wrong_split"
+        prompt = self.task.prompt_by_id(rollout.prompt_id)
+        if prompt is None:
+            return None, "unknown_prompt"
+        if prompt.text != rollout.prompt:
+            return None, "prompt_mismatch"
+        return prompt, None
+
+    # ------------------------------------------------------------------ counters
+    def _count(self, reason: str, author: str, n: int = 1) -> None:
+        with self._lock:
+            self._by_reason[reason] += n
+            self._by_author[author] += n
+
+    def statistics(self) -> AdmissionStatistics:
+        """Every rejection so far, on arrival and at close (a snapshot)."""
+        with self._lock:
+            return AdmissionStatistics(dict(self._by_reason), dict(self._by_author))

@@ -1,0 +1,118 @@
+"""A node: its parts (task, learner, rollout settings, adversary, defenses, admission rules), and its round
+as two halves around the network.
+
+``produce`` is the generate stage; the transport publishes and receives; ``consume`` is the line that calls
+the other stages in order::
+
+    admit -> defend -> score -> advantages -> update
+
+The daemon and the simulations call exactly these (through :func:`dgrpo.round.run.run_round`). A node never
+trusts a peer's reward or its copy of a prompt.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from dgrpo.adversary.base import Adversary
+from dgrpo.config import RolloutConfig
+from dgrpo.defense.base import DefenseContext
+from dgrpo.defense.chain import DefenseChain
+from dgrpo.defense.reputation import Reputation
+from dgrpo.learner.learner import Learner
+from dgrpo.protocol.limits import Limits
+from dgrpo.protocol.messages import Rollout, SamplingParams
+from dgrpo.round.admit import Admitter
+from dgrpo.round.advantages import advantages
+from dgrpo.round.defend import defend
+from dgrpo.round.generate import generate, plan
+from dgrpo.round.outcome import Produced, RoundOutcome
+from dgrpo.round.score import score
+from dgrpo.round.update import update
+from dgrpo.tasks.base import Prompt, Task
+
+
+class Node:
+    """A GRPO node. ``adversary``: a malicious node is this same node with an attack transforming what it
+    publishes (it receives, scores and trains like any other). ``defense`` and ``reputation``: the filters
+    between receive and learn (paper, sec. 6) and the policy that blacklists peers they keep rejecting."""
+
+    def __init__(
+        self,
+        peer_id: str,
+        run_id: str,
+        task: Task,
+        learner: Learner,
+        rollout: RolloutConfig,
+        sampling: SamplingParams,
+        adversary: Adversary | None = None,
+        defense: DefenseChain | None = None,
+        reputation: Reputation | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self.peer_id = peer_id
+        self.run_id = run_id
+        self.task = task
+        self.learner = learner
+        self.rollout = rollout
+        self.sampling = sampling
+        self.adversary = adversary
+        self.defense = defense
+        self.reputation = reputation
+        self.admitter = Admitter(task, rollout.split, limits or Limits(), peer_id)
+        self._produced = Produced(0, 0.0)
+
+    def plan(self, round_idx: int) -> list[Prompt]:
+        return plan(self.task, self.rollout, self.run_id, self.peer_id, round_idx, self.adversary)
+
+    def blacklisted(self, peer: str) -> bool:
+        return self.reputation is not None and self.reputation.is_blacklisted(peer)
+
+    # ------------------------------------------------------------------ the generate stage
+    def produce(self, round_idx: int) -> list[Rollout]:
+        """This round's rollout messages (one per prompt)."""
+        t0 = time.perf_counter()
+        rollouts = generate(
+            self.task, self.learner, self.rollout, self.sampling, self.run_id, self.peer_id, round_idx, self.adversary
+        )
+        self._produced = Produced(sum(len(r.completions) for r in rollouts), time.perf_counter() - t0)
+        if self.adversary is not None and self.adversary.stats.last_round == round_idx:
+            stats = self.adversary.stats
+            self._produced = replace(
+                self._produced,
+                attack=self.adversary.name,
+                poisoned=frozenset(stats.last_poisoned),
+                poisoned_count=stats.last_round_poisoned,
+            )
+        elif self.adversary is not None:
+            self._produced = replace(self._produced, attack=self.adversary.name)
+        return rollouts
+
+    # ------------------------------------------------------------------ the rest of the round
+    def consume(self, round_idx: int, rollouts: Sequence[Rollout]) -> RoundOutcome:
+        """Admit the round's rollouts (ours and the received ones), defend, score every kept completion
+        ourselves, compute group advantages and update the model."""
+        t0 = time.perf_counter()
+        admission = self.admitter.admit(rollouts, round_idx, self.blacklisted)
+        context = DefenseContext(self.task, self.learner, self.sampling, self.run_id, round_idx)
+        kept, defense = defend(self.defense, self.reputation, context, admission.admitted, self.peer_id)
+        scoring = score(self.task, kept)
+        step = update(self.learner, scoring.scored, advantages(scoring.scored, self.learner.cfg), self.sampling)
+        return RoundOutcome(
+            peer_id=self.peer_id,
+            round=round_idx,
+            produced=self._produced,
+            admission=admission,
+            defense=defense,
+            scoring=scoring,
+            step=step,
+            seconds=time.perf_counter() - t0,
+        )
+
+    # ------------------------------------------------------------------ evaluate
+    def eval_completions(self, prompts: Sequence[Prompt], greedy: bool = False, seed: int = 0) -> list[str]:
+        """One completion per held-out prompt, sampled with the node's sampling and a fixed seed."""
+        sampling = self.sampling.model_copy(update={"seed": seed})
+        return [c[0] for c in self.learner.generate([p.text for p in prompts], 1, sampling, greedy=greedy)]

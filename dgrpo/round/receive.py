@@ -1,0 +1,82 @@
+"""The receive stage: a node's buffer of received rollouts, per round, until quorum or the deadline.
+
+A round closes at quorum (every expected peer has sent all the parts it announced) or at a deadline, so a
+peer that vanishes mid-round cannot stall the others. Whether an arriving rollout is kept is the admit
+stage's decision (:func:`dgrpo.round.admit.arrival_reason`: closed or too-far-future round, bad part,
+duplicate part, full round), counted there; messages a little ahead (a faster peer) wait for their round.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
+import trio
+
+from dgrpo.protocol.limits import Limits
+from dgrpo.protocol.messages import Rollout
+from dgrpo.round.admit import Admitter, arrival_reason
+
+
+class RoundInbox:
+    def __init__(self, admitter: Admitter | None = None, limits: Limits | None = None) -> None:
+        self.admitter = admitter
+        self.limits = admitter.limits if admitter is not None else limits or Limits()
+        self.current = 0
+        self._rounds: dict[int, dict[tuple[str, int], Rollout]] = defaultdict(dict)
+        self._parts: dict[tuple[int, str], int] = {}
+        self._changed = trio.Event()
+        self.rejected: Counter[str] = Counter()  # arrival rejections by reason (also in the admitter's counts)
+
+    def open(self, round_idx: int) -> None:
+        """Start collecting ``round_idx``; anything buffered for older rounds is dropped and counted."""
+        self.current = round_idx
+        for old in [r for r in self._rounds if r < round_idx]:
+            stale = self._rounds.pop(old)
+            self.rejected["closed_round"] += len(stale)
+            if self.admitter is not None:
+                for author, _ in stale:
+                    self.admitter.count("closed_round", author)
+
+    def add(self, rollout: Rollout) -> str | None:
+        """File a received rollout; returns a rejection reason, or None when kept."""
+        bucket = self._rounds.get(rollout.round, {})
+        if self.admitter is not None:
+            reason = self.admitter.on_arrival(rollout, self.current, len(bucket), bucket)
+        else:
+            reason = arrival_reason(rollout, self.current, len(bucket), bucket, self.limits)
+        if reason is not None:
+            self.rejected[reason] += 1
+            return reason
+        self._rounds[rollout.round][(rollout.author, rollout.part)] = rollout
+        self._parts[(rollout.round, rollout.author)] = rollout.parts
+        self._changed.set()
+        self._changed = trio.Event()
+        return None
+
+    def complete(self, round_idx: int, authors: Iterable[str]) -> bool:
+        """True once every author in ``authors`` has delivered every part it announced for the round."""
+        bucket = self._rounds.get(round_idx, {})
+        for author in authors:
+            parts = self._parts.get((round_idx, author))
+            if parts is None or sum(1 for (a, _) in bucket if a == author) < parts:
+                return False
+        return True
+
+    def authors(self, round_idx: int) -> set[str]:
+        return {a for (a, _) in self._rounds.get(round_idx, {})}
+
+    async def wait_complete(self, round_idx: int, authors: Iterable[str]) -> None:
+        expected = set(authors)
+        while not self.complete(round_idx, expected):
+            await self._changed.wait()
+
+    def take(self, round_idx: int) -> list[Rollout]:
+        """Close the round and return what arrived for it; later arrivals for it count as ``closed_round``."""
+        self.current = max(self.current, round_idx + 1)
+        return list(self._rounds.pop(round_idx, {}).values())
+
+    async def pump(self, channel: trio.MemoryReceiveChannel[Rollout]) -> None:
+        """Drain a transport's inbound channel promptly into the inbox (never let gossip buffers fill)."""
+        async for rollout in channel:
+            self.add(rollout)

@@ -1,0 +1,81 @@
+"""The receive stage: buffering per round, quorum, and the arrival rules of the admit stage."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from dgrpo.protocol.limits import Limits
+from dgrpo.protocol.messages import Rollout, SamplingParams
+from dgrpo.round.receive import RoundInbox
+
+
+def rollout(author: str, round_idx: int, part: int = 0, parts: int = 1) -> Rollout:
+    return Rollout(
+        author=author,
+        round=round_idx,
+        part=part,
+        parts=parts,
+        prompt_id="arith/10+15",
+        prompt="10+15=",
+        completions=("x",),
+        model_id="m",
+        sampling=SamplingParams(),
+        split="horizontal",
+    )
+
+
+def test_quorum_needs_every_part_of_every_peer() -> None:
+    inbox = RoundInbox()
+    inbox.open(1)
+    assert inbox.add(rollout("a", 1, 0, 2)) is None
+    assert not inbox.complete(1, {"a"})
+    assert inbox.add(rollout("a", 1, 1, 2)) is None
+    assert inbox.complete(1, {"a"})
+    assert not inbox.complete(1, {"a", "b"})
+
+
+def test_closed_future_duplicate_and_bad_part() -> None:
+    inbox = RoundInbox(limits=Limits(rounds_ahead=2))
+    inbox.open(5)
+    assert inbox.add(rollout("a", 4)) == "closed_round"
+    assert inbox.add(rollout("a", 8)) == "future_round"
+    assert inbox.add(rollout("a", 7)) is None  # a faster peer: kept until its round opens
+    assert inbox.add(rollout("a", 5)) is None
+    assert inbox.add(rollout("a", 5)) == "duplicate_part"
+    assert inbox.add(rollout("b", 5, part=3, parts=2)) == "bad_part"
+    assert [r.author for r in inbox.take(5)] == ["a"]
+    assert inbox.add(rollout("c", 5)) == "closed_round"  # after the round closed
+    inbox.open(7)
+    assert [r.round for r in inbox.take(7)] == [7]
+    assert inbox.rejected == {"closed_round": 2, "future_round": 1, "duplicate_part": 1, "bad_part": 1}
+
+
+def test_wait_complete_wakes_on_arrival_and_deadline_closes_round() -> None:
+    async def main() -> None:
+        inbox = RoundInbox()
+        inbox.open(0)
+        done = trio.Event()
+
+        async def waiter() -> None:
+            await inbox.wait_complete(0, {"a", "b"})
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            inbox.add(rollout("a", 0))
+            await trio.testing.wait_all_tasks_blocked()
+            assert not done.is_set()
+            inbox.add(rollout("b", 0))
+        assert done.is_set()
+
+        # A vanished peer: the deadline closes the round with what arrived (fake clock, no real sleep).
+        inbox.open(1)
+        inbox.add(rollout("a", 1))
+        with trio.move_on_after(30) as scope:
+            await inbox.wait_complete(1, {"a", "gone"})
+        assert scope.cancelled_caught
+        assert [r.author for r in inbox.take(1)] == ["a"]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
