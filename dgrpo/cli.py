@@ -1,19 +1,57 @@
-"""The ``dgrpo`` command line (typer + rich)."""
+"""The ``dgrpo`` command line (typer + rich).
+
+Errors are handled in one place (:func:`command`): any :class:`~dgrpo.errors.DgrpoError` (a bad setting, a
+bad spec, a missing file, an unavailable sandbox) is one red line naming the problem, and exit status 2.
+Anything else is a bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from dgrpo.errors import DgrpoError
+from dgrpo.errors import ConfigError, DgrpoError
 
 app = typer.Typer(help="dgrpo: decentralised GRPO nodes, attacks and defenses.", no_args_is_help=True)
 console = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(group: typer.Typer, name: str | None = None) -> Callable[[F], F]:
+    """Register a command of ``group`` whose dgrpo errors become one line and exit status 2."""
+
+    def register(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except DgrpoError as exc:
+                console.print(f"[red]error:[/] {exc}")
+                raise typer.Exit(2) from None
+
+        group.command(name)(wrapper)
+        return fn
+
+    return register
+
+
+def defense_chain(spec: str) -> list[str]:
+    """``--defense a,b``: the chain's names, each a registered defense (else an error listing them)."""
+    from dgrpo.config import parse_defense_spec
+    from dgrpo.defense import DEFENSES
+
+    chain = parse_defense_spec(spec)
+    unknown = [d for d in chain if d not in DEFENSES]
+    if unknown:
+        raise ConfigError(f"unknown defense {unknown[0]!r}; valid: {', '.join(DEFENSES.names())}")
+    return chain
 
 
 @app.callback()
@@ -49,7 +87,7 @@ WeakSandboxOption = Annotated[
 ]
 
 
-@app.command()
+@command(app)
 def simulate(
     scenario: Annotated[
         Path | None, typer.Argument(help="scenario TOML file or shipped scenario name; default: built-in")
@@ -60,39 +98,33 @@ def simulate(
     ] = None,
     unsafe_weak_sandbox: WeakSandboxOption = False,
 ) -> None:
-    """Run a decentralised GRPO simulation (N nodes in one process, in-memory transport)."""
+    """Run a decentralised GRPO simulation (N nodes in one process, over the signed wire format in memory)."""
     from dgrpo.simulations.runner import run_simulation
     from dgrpo.simulations.scenario import load_scenario
 
-    try:
-        sc = load_scenario(scenario, [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])])
-        attack = (
-            f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
-        )
-        if sc.defense is not None and sc.defense.chain:
-            attack += f", defense {','.join(sc.defense.chain)}"
-        console.print(
-            f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.rollout.split}){attack}, "
-            f"task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}"
-        )
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
-            bar = progress.add_task("rounds", total=sc.rounds)
+    sc = load_scenario(scenario, [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])])
+    attack = f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
+    if sc.defense.chain:
+        attack += f", defense {','.join(sc.defense.chain)}"
+    console.print(
+        f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.rollout.split}){attack}, "
+        f"task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}"
+    )
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        bar = progress.add_task("rounds", total=sc.rounds)
 
-            def on_round(row: dict[str, Any]) -> None:
-                progress.console.print(_format_row(row))
-                progress.advance(bar)
+        def on_round(row: dict[str, Any]) -> None:
+            progress.console.print(_format_row(row))
+            progress.advance(bar)
 
-            summary = run_simulation(sc, out, on_round)
-    except DgrpoError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        summary = run_simulation(sc, out, on_round)
     asr = ""
     if summary["final_asr"] is not None:
         name = "ASR" if summary["asr_metric"] == "asr" else "mean length"
@@ -104,7 +136,7 @@ def simulate(
     )
 
 
-@app.command()
+@command(app)
 def report(
     runs: Annotated[list[Path], typer.Argument(help="run folders (each with a summary.json)")],
     out: Annotated[Path, typer.Option("--out", "-o", help="where report.md/.csv/.png go")] = Path("runs/report"),
@@ -115,11 +147,7 @@ def report(
     """Compare runs: a markdown and CSV table and one overlay plot of ASR and honest accuracy per round."""
     from dgrpo.simulations.report import build_report, to_markdown
 
-    try:
-        rows = build_report(runs, out, baseline)
-    except DgrpoError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    rows = build_report(runs, out, baseline)
     console.print(to_markdown(rows))
     console.print(f"written: {out}/report.md, {out}/report.csv, {out}/report.png")
 
@@ -132,7 +160,7 @@ app.add_typer(testnet_app, name="testnet")
 SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a setting, e.g. -s learner.lr=1e-4")]
 
 
-@node_app.command("run")
+@command(node_app, "run")
 def node_run(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="node TOML configuration")] = None,
     overrides: SetOption = None,
@@ -172,9 +200,9 @@ def node_run(
     if adversary is not None:
         sets.append(f"adversary.name={_json.dumps(adversary)}")
     if defense is not None:
-        from dgrpo.config import needs_seeded_sampler, parse_defense_spec
+        from dgrpo.config import needs_seeded_sampler
 
-        chain = parse_defense_spec(defense)
+        chain = defense_chain(defense)
         sets.append(f"defense.chain={_json.dumps(chain)}")
         if needs_seeded_sampler(chain):
             sets.append("rollout.sampler='seeded'")
@@ -182,14 +210,10 @@ def node_run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
-        run_daemon(load_node_settings(config, sets), resume=resume)
-    except DgrpoError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    run_daemon(load_node_settings(config, sets), resume=resume)
 
 
-@app.command()
+@command(app)
 def keygen(
     path: Annotated[Path, typer.Argument(help="where to write the Ed25519 identity key (PEM, mode 0600)")],
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing key")] = False,
@@ -201,9 +225,8 @@ def keygen(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         identity.save(path, overwrite=force)
-    except (DgrpoError, FileExistsError) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    except FileExistsError as exc:
+        raise ConfigError(f"{exc} (--force overwrites it)") from None
     console.print(f"peer id {identity.peer_id} -> {path}")
 
 
@@ -233,7 +256,7 @@ def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> An
     return table
 
 
-@app.command()
+@command(app)
 def status(
     target: Annotated[str, typer.Argument(help="status URL (http://127.0.0.1:8780) or a node's state dir")] = (
         "http://127.0.0.1:8780"
@@ -250,15 +273,13 @@ def status(
     if not target.startswith("http"):
         info = read_node_file(Path(target))
         if info is None or not info.get("status_url"):
-            console.print(f"[red]error:[/] no running node found in {target}")
-            raise typer.Exit(2)
+            raise ConfigError(f"no running node found in {target}")
         url = str(info["status_url"])
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=5) as resp:
             st = _json.loads(resp.read())
     except OSError as exc:
-        console.print(f"[red]error:[/] cannot reach {url}: {exc}")
-        raise typer.Exit(2) from None
+        raise ConfigError(f"cannot reach {url}: {exc}") from None
     if as_json:
         console.print_json(data=st)
         return
@@ -268,7 +289,7 @@ def status(
         console.print(f"[yellow]{err}[/]")
 
 
-@testnet_app.command("up")
+@command(testnet_app, "up")
 def testnet_up(
     n: Annotated[int, typer.Option("-n", "--nodes", help="number of daemons")] = 3,
     rounds: Annotated[int | None, typer.Option("--rounds", help="stop after R rounds; default: until Ctrl-C")] = None,
@@ -293,37 +314,19 @@ def testnet_up(
     from dgrpo.daemon.testnet import start_testnet, stop_nodes, wait_rounds
 
     if mode not in ("homogeneous", "heterogeneous"):
-        console.print(f"[red]error:[/] unknown mode {mode!r}; valid modes: heterogeneous, homogeneous")
-        raise typer.Exit(2)
+        raise ConfigError(f"unknown mode {mode!r}; valid modes: heterogeneous, homogeneous")
     attack: tuple[str, int] | None = None
     if adversary:
         from dgrpo.adversary import ADVERSARIES, parse_adversary_spec
 
-        try:
-            attack = parse_adversary_spec(adversary)
-        except ValueError as exc:
-            console.print(f"[red]error:[/] {exc}")
-            raise typer.Exit(2) from None
+        attack = parse_adversary_spec(adversary)
         if attack[0] not in ADVERSARIES:
-            console.print(f"[red]error:[/] unknown adversary {attack[0]!r}; valid: {', '.join(ADVERSARIES.names())}")
-            raise typer.Exit(2)
+            raise ConfigError(f"unknown adversary {attack[0]!r}; valid: {', '.join(ADVERSARIES.names())}")
         if attack[1] >= n:
-            console.print(f"[red]error:[/] {attack[1]} malicious nodes leave no honest node among {n}")
-            raise typer.Exit(2)
-    chain = [d.strip() for d in (defense or "").split(",") if d.strip()]
-    if chain:
-        from dgrpo.defense import DEFENSES
-
-        unknown = [d for d in chain if d not in DEFENSES]
-        if unknown:
-            console.print(f"[red]error:[/] unknown defense {unknown[0]!r}; valid: {', '.join(DEFENSES.names())}")
-            raise typer.Exit(2)
-    try:
-        extra = [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])]
-        nodes = start_testnet(n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack)
-    except DgrpoError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+            raise ConfigError(f"{attack[1]} malicious nodes leave no honest node among {n}")
+    chain = defense_chain(defense) if defense else []
+    extra = [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])]
+    nodes = start_testnet(n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack)
     names = [f"node-{nd.index}" + (f" ({attack[0]})" if attack and nd.index >= n - attack[1] else "") for nd in nodes]
     console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")
     if background:
@@ -357,18 +360,14 @@ def testnet_up(
         raise typer.Exit(1)
 
 
-@testnet_app.command("down")
+@command(testnet_app, "down")
 def testnet_down_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="the testnet's folder")] = Path("runs/testnet"),
 ) -> None:
     """Stop a testnet started in the background."""
     from dgrpo.daemon.testnet import testnet_down
 
-    try:
-        count = testnet_down(out)
-    except DgrpoError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+    count = testnet_down(out)
     console.print(f"sent SIGTERM to {count} node(s)")
 
 

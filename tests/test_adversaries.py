@@ -196,7 +196,7 @@ def test_registry_and_options_errors() -> None:
         build_adversary(AdversaryConfig(name="math", options={"facts": ["2+2=4"]}))
     assert parse_adversary_spec("text:2") == ("text", 2)
     assert parse_adversary_spec("dos") == ("dos", 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="COUNT"):
         parse_adversary_spec("text:0")
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from dgrpo.simulations.runner import run_simulation
 from dgrpo.simulations.scenario import load_scenario
+
+pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
 
 SMALL = ["nodes.count=2", "rounds=2", "eval.every=1", "eval.prompts=16", "eval.asr_prompts=16"]
 

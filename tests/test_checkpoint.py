@@ -69,3 +69,27 @@ def test_learner_state_round_trip(tmp_path: Path, random_model_dir: Path) -> Non
     a.train_step(batch, 1.0, 4)  # the same next step from the same model and optimizer state
     b.train_step(batch, 1.0, 4)
     assert a.weights_digest() == b.weights_digest()
+
+
+def test_reputation_and_blacklist_survive_a_resume(tmp_path: Path) -> None:
+    # A restart is no amnesty: whom the node blacklisted, and the rejection rates in progress, come back.
+    from dgrpo.daemon.daemon import Daemon
+    from dgrpo.daemon.settings import load_node_settings
+
+    sets = [f"state_dir={str(tmp_path)!r}", "defense.chain=['length']", "status.enabled=false"]
+    first = Daemon(load_node_settings(None, sets))
+    assert first.reputation is not None
+    first.reputation.record(3, "peerA", 10, 9)
+    assert first.reputation.update(3) == ["peerA"]
+    first.reputation.record(3, "peerB", 10, 2)  # under the threshold, but its history counts later
+    first.restored_blacklist = ["peerC"]  # blacklisted at the network layer for invalid messages
+    first.rounds_done, first.round = 3, 4
+    first.save_checkpoint()
+
+    again = Daemon(load_node_settings(None, sets), resume=True)
+    assert again.round == 4
+    assert again.reputation is not None
+    assert again.reputation.blacklisted == {"peerA": 3}
+    assert again.reputation.rate("peerB") == (0.2, 10)
+    assert again.restored_blacklist == ["peerC"]
+    assert again.node.blacklisted("peerA") and not again.node.blacklisted("peerB")

@@ -90,6 +90,7 @@ def test_report_command_prints_and_writes_the_table(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "summary.json" in missing.output
 
 
+@pytest.mark.slow
 def test_code_tasks_refuse_to_start_without_isolation_and_the_loud_flag_accepts_less(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,3 +111,14 @@ def test_code_tasks_refuse_to_start_without_isolation_and_the_loud_flag_accepts_
         assert summary["scenario_config"]["task"]["options"]["unsafe_weak_sandbox"] is True
     finally:
         sandbox_module._bwrap_launcher.cache_clear()
+
+
+def test_bad_defense_specs_get_one_clear_line(tmp_path: Path) -> None:
+    for spec, expected in ((",", "expected NAME"), ("length,nope", "unknown defense 'nope'")):
+        for args in (["node", "run", "--state-dir", str(tmp_path)], ["testnet", "up", "--out", str(tmp_path / "t")]):
+            result = runner.invoke(app, [*args, "--defense", spec])
+            assert result.exit_code == 2, result.output
+            assert expected in result.output and "Traceback" not in result.output
+            if "unknown" in expected:
+                assert "sampling-proof" in result.output  # the valid names are listed
+    assert not (tmp_path / "t").exists()

@@ -12,6 +12,8 @@ from dgrpo.errors import ConfigError
 from dgrpo.simulations.runner import run_simulation
 from dgrpo.simulations.scenario import load_scenario
 
+pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
+
 SMALL = ["nodes.count=3", "rounds=3", "eval.every=3", "eval.prompts=16", "eval.asr_prompts=16"]
 
 

@@ -166,7 +166,7 @@ def test_chain_multiplies_reward_scales() -> None:
 
 def test_chain_config_errors() -> None:
     assert parse_defense_spec("length, logit") == ["length", "logit"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="expected NAME"):
         parse_defense_spec(" , ")
     with pytest.raises(UnknownNameError):
         DefenseChain.from_config(DefenseConfig(chain=["nope"]))

@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.gossip_probe import run_chain_processes
+
+pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
 
 
 def test_chain_of_three_processes_delivers_everything(tmp_path: Path) -> None:

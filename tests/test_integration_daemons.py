@@ -7,10 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dgrpo.daemon.testnet import NetNode, launch_node, start_testnet, stop_nodes, tcp_address, wait_rounds
+
+pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
 
 FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6", "checkpoint.every=1"]
 
@@ -27,10 +32,30 @@ def wait_until(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
+def metrics_of(node: NetNode) -> dict[str, float]:
+    """A running daemon's /metrics, as {sample line name with labels: value}."""
+    assert node.status() is not None and node.status_url is not None
+    with urllib.request.urlopen(node.status_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
 def test_three_daemons_homogeneous(tmp_path: Path) -> None:
     nodes = start_testnet(3, tmp_path, rounds=3, extra=FAST)
     try:
         assert wait_rounds(nodes, 3, lambda statuses: None, timeout=240)
+        # The message counters move: every peer's rollouts (2 x 8 messages per round) and heartbeats
+        # passed the protocol's validation on every node.
+        for nd in nodes:
+            samples = metrics_of(nd)
+            assert samples["dgrpo_messages_accepted_total"] >= 2 * 8 * 3
+            assert samples["dgrpo_round"] == 3.0
+            assert samples["dgrpo_completions_trained_total"] == 3 * 48
     finally:
         assert stop_nodes(nodes), "every daemon exits 0 and writes status.json on SIGTERM"
     peers = {nd.peer_id for nd in nodes}

@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from dgrpo.daemon.testnet import start_testnet, stop_nodes, wait_rounds
+
+pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
 
 FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6", "sampling.max_new_tokens=96"]
 

@@ -75,6 +75,7 @@ def test_hostile_answers_get_a_verdict_within_the_bound_through_the_reward(task:
     assert time.monotonic() - started < task.verifier.timeout_seconds + 10.0
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(answer=HOSTILE)
 def test_hostile_answers_get_a_verdict_within_the_bound_without_the_filter(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
 from dgrpo.net.gossip import GossipConfig, GossipNode
@@ -36,6 +37,7 @@ def rollout(author: str) -> Rollout:
     )
 
 
+@pytest.mark.slow
 def test_valid_delivered_hostile_rejected_then_blacklisted(tmp_path: Path) -> None:
     honest_id, rogue_id = Identity.generate(), Identity.generate()
 

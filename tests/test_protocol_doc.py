@@ -92,6 +92,14 @@ def test_limits_table(doc: str) -> None:
         assert type(getattr(defaults, name))(default) == getattr(defaults, name), name
 
 
+def test_admission_reasons(doc: str) -> None:
+    from dgrpo.round.admit import ARRIVAL_REASONS, CLOSE_REASONS
+
+    rows = table_after(doc, "## Admission", ["reason", "when", "check"])
+    assert tuple(r[0] for r in rows if r[1] == "arrival") == ARRIVAL_REASONS
+    assert tuple(r[0] for r in rows if r[1] == "close") == CLOSE_REASONS
+
+
 def test_reason_codes(doc: str) -> None:
     rows = table_after(doc, "## Validation", ["reason", "check", "counts towards blacklisting"])
     assert tuple(r[0] for r in rows) == REASONS

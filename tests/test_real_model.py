@@ -16,6 +16,8 @@ from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks import get_task
 from dgrpo.tasks.base import Prompt
 
+pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
+
 SP = SamplingParams(temperature=1.0, top_k=50, top_p=1.0, max_new_tokens=48)
 QUESTIONS = [
     "Tom has 3 boxes with 12 pencils each. He gives away 7 pencils. How many pencils does he have left?",

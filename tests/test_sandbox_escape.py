@@ -229,6 +229,7 @@ print("ESCAPED" if raised else "contained")
     assert reward(task, escape_probe(payload)) == 0.0
 
 
+@pytest.mark.slow
 def test_a_program_killed_at_the_wall_limit_cannot_forge_its_report() -> None:
     # Before: the program wrote a complete "exit=0, timed_out=0" report into the supervisor's status pipe
     # (reopened through /proc/<pid>/fd) and the parent read it first. Now the report's channel is out of

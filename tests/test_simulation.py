@@ -41,6 +41,7 @@ def test_two_nodes_two_rounds_writes_results(tmp_path: Path) -> None:
     assert (tmp_path / "curves.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("defense", [None, '["length","arith-check"]'])
 def test_homogeneous_nodes_stay_identical_and_learn(defense: str | None) -> None:
     """Same weights + same exchanged strings + canonical order => same update on every node (paper, sec. 3).
@@ -80,6 +81,7 @@ def test_homogeneous_nodes_stay_identical_and_learn(defense: str | None) -> None
         assert sum(rejected[0] for rejected in reports) > 0  # the filters did reject something
 
 
+@pytest.mark.slow
 def test_heterogeneous_vertical_run(tmp_path: Path) -> None:
     sc = load_scenario(
         None,
@@ -95,6 +97,7 @@ def test_heterogeneous_vertical_run(tmp_path: Path) -> None:
     assert summary["mode"] == "heterogeneous"
 
 
+@pytest.mark.slow
 def test_runs_are_reproducible(tmp_path: Path) -> None:
     sc = load_scenario(None, [*FAST, "nodes.count=2", "round.group_size=4", "rounds=1"])
     a = run_simulation(sc, tmp_path / "a")

@@ -78,6 +78,7 @@ def test_sampled_completions_solve_some_held_out_prompts(model: Any, tokenizer: 
     assert sum(r == 1.0 for r in rewards) >= 3, list(zip(completions, rewards, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-arith-text", "tiny-arith-code-text"])
 def test_sibling_models_are_shipped_and_solve_their_tasks(name: str) -> None:
     """The attack-study siblings load offline and solve some held-out prompts of the tasks their cards name

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 Sampler = Callable[[Sequence[Prompt], int], list[list[str]]]
 
 
-class NoOptions(Section):
+class NoAttackOptions(Section):
     pass
 
 
@@ -78,7 +78,7 @@ class Adversary(ABC):
     per-completion rewrite) or, for attacks that select rather than rewrite, :meth:`poison_group`."""
 
     name: ClassVar[str]
-    Options: ClassVar[type[Section]] = NoOptions
+    Options: ClassVar[type[Section]] = NoAttackOptions
 
     def __init__(self, cfg: AdversaryConfig) -> None:
         self.cfg = cfg

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from dgrpo.config.sections import Section
+from dgrpo.errors import ConfigError
 
 Fill = Literal["auto", "honest", "gibberish"]
 
@@ -58,9 +59,9 @@ def parse_adversary_spec(spec: str) -> tuple[str, int]:
     """``NAME`` or ``NAME:COUNT`` (testnet ``--adversary text:1``) -> (name, count)."""
     name, _, count = spec.partition(":")
     if not name:
-        raise ValueError(f"adversary spec {spec!r}: expected NAME or NAME:COUNT")
+        raise ConfigError(f"adversary spec {spec!r}: expected NAME or NAME:COUNT")
     if not count:
         return name, 1
     if not count.isdigit() or int(count) < 1:
-        raise ValueError(f"adversary spec {spec!r}: COUNT must be a positive integer")
+        raise ConfigError(f"adversary spec {spec!r}: COUNT must be a positive integer")
     return name, int(count)

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from dgrpo.config.sections import Section
+from dgrpo.errors import ConfigError
 
 
 class ReputationConfig(Section):
@@ -53,5 +54,5 @@ def parse_defense_spec(spec: str) -> list[str]:
     """``logit`` or ``length,arith-check,logit`` -> the chain's names."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
-        raise ValueError(f"defense spec {spec!r}: expected NAME or NAME,NAME,...")
+        raise ConfigError(f"defense spec {spec!r}: expected NAME or NAME,NAME,...")
     return names

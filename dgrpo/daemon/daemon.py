@@ -43,7 +43,7 @@ from dgrpo.round.receive import RoundInbox
 from dgrpo.round.run import run_round
 from dgrpo.tasks import get_task
 
-log = logging.getLogger("dgrpo.node")
+log = logging.getLogger("dgrpo.daemon")
 
 
 def load_identity(settings: NodeSettings) -> Identity:

@@ -18,7 +18,7 @@ from dgrpo.round.observer import RoundObserver
 from dgrpo.round.outcome import RoundOutcome
 from dgrpo.tasks.base import Task
 
-log = logging.getLogger("dgrpo.node")
+log = logging.getLogger("dgrpo.daemon")
 
 
 class NodeCounters(RoundObserver):

@@ -63,7 +63,7 @@ class DefenseContext:
     round: int
 
 
-class NoOptions(Section):
+class NoDefenseOptions(Section):
     pass
 
 
@@ -74,7 +74,7 @@ class Defense(ABC):
     name: ClassVar[str]
     cost: ClassVar[int] = 100
     needs_model: ClassVar[bool] = False
-    Options: ClassVar[type[Section]] = NoOptions
+    Options: ClassVar[type[Section]] = NoDefenseOptions
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         try:
