@@ -17,6 +17,7 @@ import logging
 import signal
 import time
 from collections import deque
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,7 @@ class Daemon:
             "messages_rejected": dict(wire.rejected_by_reason),
             "rejected_by_peer": dict(wire.rejected_by_peer),
             "messages_dropped": dict(wire.dropped),
+            "gossip": asdict(gossip.statistics()) if gossip else None,
             "round_rejections": dict(admission.rejected_by_reason),
             "round_rejections_by_peer": dict(admission.rejected_by_author),
             "completions_trained": counters.completions_trained,

@@ -155,11 +155,12 @@ class Libp2pTransport(Transport):
 
     def statistics(self) -> TransportStatistics:
         stats = self.validator.statistics()
+        dropped = {"inbound_full": self.dropped_inbound, "subscription_full": self.gossip.statistics().dropped}
         return TransportStatistics(
             accepted=stats.accepted,
             rejected_by_reason=dict(stats.rejected_by_reason),
             rejected_by_peer=dict(stats.rejected_by_peer),
-            dropped={"inbound_full": self.dropped_inbound} if self.dropped_inbound else {},
+            dropped={k: v for k, v in dropped.items() if v},
         )
 
     def peer_table(self) -> list[PeerInfo]:
