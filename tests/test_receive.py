@@ -79,3 +79,18 @@ def test_wait_complete_wakes_on_arrival_and_deadline_closes_round() -> None:
         assert [r.author for r in inbox.take(1)] == ["a"]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_before_its_first_round_a_node_keeps_the_newest_rounds_it_hears_of() -> None:
+    # A late joiner does not know the network's round yet: it keeps what arrives for the newest rounds, so
+    # that the round it joins at is whole even if peers published it while it was still deciding.
+    inbox = RoundInbox(limits=Limits(rounds_ahead=2))
+    assert inbox.add(rollout("a", 15)) is None
+    assert inbox.add(rollout("a", 16)) is None
+    assert inbox.add(rollout("a", 12)) == "closed_round"  # older than the newest round minus rounds_ahead
+    assert inbox.add(rollout("b", 18)) is None  # the network moved on: round 15 falls out
+    inbox.open(16)
+    assert inbox.complete(16, {"a"})
+    assert [r.round for r in inbox.take(16)] == [16]
+    assert inbox.rejected == {"closed_round": 2}
+    assert inbox.add(rollout("a", 20)) == "future_round"  # opened: the usual bound again

@@ -23,6 +23,9 @@ class RoundInbox:
         self.admitter = admitter
         self.limits = admitter.limits if admitter is not None else limits or Limits()
         self.current = 0
+        # Until the node opens its first round it does not know which round is current (a late joiner is
+        # still learning the network's): it keeps the newest rounds it hears of, up to rounds_ahead back.
+        self.opened = False
         self._rounds: dict[int, dict[tuple[str, int], Rollout]] = defaultdict(dict)
         self._parts: dict[tuple[int, str], int] = {}
         self._changed = trio.Event()
@@ -30,6 +33,10 @@ class RoundInbox:
 
     def open(self, round_idx: int) -> None:
         """Start collecting ``round_idx``; anything buffered for older rounds is dropped and counted."""
+        self.opened = True
+        self._advance(round_idx)
+
+    def _advance(self, round_idx: int) -> None:
         self.current = round_idx
         for old in [r for r in self._rounds if r < round_idx]:
             stale = self._rounds.pop(old)
@@ -40,6 +47,8 @@ class RoundInbox:
 
     def add(self, rollout: Rollout) -> str | None:
         """File a received rollout; returns a rejection reason, or None when kept."""
+        if not self.opened and rollout.round - self.limits.rounds_ahead > self.current:
+            self._advance(rollout.round - self.limits.rounds_ahead)
         bucket = self._rounds.get(rollout.round, {})
         if self.admitter is not None:
             reason = self.admitter.on_arrival(rollout, self.current, len(bucket), bucket)
