@@ -122,10 +122,6 @@ class VolatileNonceCounter:
             self._next += 1
             return value
 
-    def peek(self) -> int:
-        with self._lock:
-            return self._next
-
 
 class NonceSource(Protocol):
     """What a signer draws nonces from: :class:`NonceCounter` (persisted) or :class:`VolatileNonceCounter`."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 
 from dgrpo.adversary.base import Adversary
 from dgrpo.config import RolloutConfig
@@ -77,17 +76,15 @@ class Node:
         rollouts = generate(
             self.task, self.learner, self.rollout, self.sampling, self.run_id, self.peer_id, round_idx, self.adversary
         )
-        self._produced = Produced(sum(len(r.completions) for r in rollouts), time.perf_counter() - t0)
-        if self.adversary is not None and self.adversary.stats.last_round == round_idx:
-            stats = self.adversary.stats
-            self._produced = replace(
-                self._produced,
-                attack=self.adversary.name,
-                poisoned=frozenset(stats.last_poisoned),
-                poisoned_count=stats.last_round_poisoned,
-            )
-        elif self.adversary is not None:
-            self._produced = replace(self._produced, attack=self.adversary.name)
+        adversary = self.adversary
+        stats = adversary.stats if adversary is not None and adversary.stats.last_round == round_idx else None
+        self._produced = Produced(
+            completions=sum(len(r.completions) for r in rollouts),
+            seconds=time.perf_counter() - t0,
+            attack=adversary.name if adversary is not None else None,
+            poisoned=frozenset(stats.last_poisoned) if stats is not None else frozenset(),
+            poisoned_count=stats.last_round_poisoned if stats is not None else 0,
+        )
         return rollouts
 
     # ------------------------------------------------------------------ the rest of the round

@@ -143,3 +143,12 @@ def read_jsonl(path: Path, what: str, required: Sequence[str] = ()) -> list[dict
     except (OSError, ValueError) as exc:
         raise DataNotFoundError(f"cannot read {what} data {path}: {exc}") from exc
     return rows
+
+
+def per_item(flat: Sequence[float], items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
+    """``flat`` (one value per completion, in order) regrouped as ``rewards_batch`` returns it: per item."""
+    out, at = [], 0
+    for _, completions in items:
+        out.append(list(flat[at : at + len(completions)]))
+        at += len(completions)
+    return out

@@ -32,7 +32,7 @@ from pathlib import Path
 from dgrpo.errors import DataNotFoundError
 from dgrpo.sandbox import Sandbox, SandboxLimits, SandboxResult, site_paths
 from dgrpo.seeds import stable_seed
-from dgrpo.tasks.base import Prompt, PromptListTask, Task, read_jsonl
+from dgrpo.tasks.base import Prompt, PromptListTask, Task, per_item, read_jsonl
 from dgrpo.tasks.registry import TASKS
 
 MAX_PROGRAM_CHARS = 20_000
@@ -142,14 +142,6 @@ def run_scored(sandbox: Sandbox, programs: Sequence[str | None], accepts: Sequen
     return scores
 
 
-def _split(flat: Sequence[float], items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
-    out, at = [], 0
-    for _, completions in items:
-        out.append(list(flat[at : at + len(completions)]))
-        at += len(completions)
-    return out
-
-
 def _prints(expected: str, result: SandboxResult) -> bool:
     return output_matches(result.stdout, expected)
 
@@ -191,7 +183,7 @@ class ProgramOutputTask(SandboxedTask, ABC):
         try:
             programs = [extract_program(c) for _, completions in items for c in completions]
             accepts = [functools.partial(_prints, p.answer) for p, completions in items for _ in completions]
-            return _split(run_scored(self.sandbox, programs, accepts), items)
+            return per_item(run_scored(self.sandbox, programs, accepts), items)
         except Exception:  # a reward never raises (hostile input gets a verdict)
             return [[0.0] * len(completions) for _, completions in items]
 
@@ -309,6 +301,6 @@ class HumanEvalTask(SandboxedTask, PromptListTask):
     def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         try:
             programs = [humaneval_program(p, c) for p, completions in items for c in completions]
-            return _split(run_scored(self.sandbox, programs, [_passes] * len(programs)), items)
+            return per_item(run_scored(self.sandbox, programs, [_passes] * len(programs)), items)
         except Exception:  # a reward never raises (hostile input gets a verdict)
             return [[0.0] * len(completions) for _, completions in items]

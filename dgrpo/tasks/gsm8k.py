@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dgrpo.errors import DataNotFoundError
 from dgrpo.seeds import stable_seed
-from dgrpo.tasks.base import Prompt, Task, read_jsonl
+from dgrpo.tasks.base import Prompt, Task, per_item, read_jsonl
 from dgrpo.tasks.math_verifier import BoundedVerifier, shared_verifier
 from dgrpo.tasks.registry import TASKS
 
@@ -211,8 +211,4 @@ class Gsm8kTask(Task):
                 flat[i] = 1.0 if match else 0.0
         except Exception:  # a reward never raises (hostile input gets a verdict)
             return [[0.0] * len(completions) for _, completions in items]
-        out, at = [], 0
-        for _, completions in items:
-            out.append(flat[at : at + len(completions)])
-            at += len(completions)
-        return out
+        return per_item(flat, items)
