@@ -59,7 +59,19 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug lo
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(message)s")
 
 
+def _format_federated_row(row: dict[str, Any]) -> str:
+    acc = f"  accuracy {row['accuracy']:.3f}" if "accuracy" in row else ""
+    sent = row.get("bytes_sent") or {}
+    traffic = f"  {sum(sent.values()) / len(sent) / 1024:.0f} KiB/client" if sent else ""
+    share = row.get("attacker_weight_share")
+    attacker = f"  attacker weight {share:.3f}" if share is not None else ""
+    seconds = f"  ({row['seconds']:.1f}s)"
+    return f"round {row['round']:>3}  mean reward {row['mean_reward']:.3f}{acc}{traffic}{attacker}{seconds}"
+
+
 def _format_row(row: dict[str, Any]) -> str:
+    if "client_reward" in row:
+        return _format_federated_row(row)
     acc = f"  accuracy {row['accuracy']:.3f}" if "accuracy" in row else ""
     asr = f"  asr {row['asr']:.3f}" if "asr" in row else ""
     length = f"  length {row['mean_length']:.1f}" if "mean_length" in row else ""
@@ -106,10 +118,13 @@ def simulate(
     attack = f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
     if sc.defense.chain:
         attack += f", defense {','.join(sc.defense.chain)}"
-    console.print(
-        f"[bold]{sc.name}[/]: {sc.nodes.count} nodes ({sc.nodes.mode}, {sc.rollout.split}){attack}, "
-        f"task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}"
-    )
+    who = f"{sc.nodes.count} nodes ({sc.nodes.mode}, {sc.rollout.split}){attack}"
+    if sc.federated is not None:
+        fed = sc.federated
+        who = (
+            f"{fed.clients} clients ({fed.method}, {fed.weighting} / {fed.aggregator}, budget {fed.sparsity.budget:g})"
+        )
+    console.print(f"[bold]{sc.name}[/]: {who}, task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}")
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -126,7 +141,7 @@ def simulate(
 
         summary = run_simulation(sc, out, on_round)
     asr = ""
-    if summary["final_asr"] is not None:
+    if summary.get("final_asr") is not None:
         name = "ASR" if summary["asr_metric"] == "asr" else "mean length"
         asr = f"; final {name} {summary['final_asr']:.3f}"
     console.print(
@@ -176,6 +191,9 @@ def node_run(
     defense: Annotated[
         str | None, typer.Option(help="defense chain NAME[,NAME...], e.g. length,arith-check,logit")
     ] = None,
+    mode: Annotated[
+        str | None, typer.Option(help="httt (exchange rollouts, the default) | federated (exchange model updates)")
+    ] = None,
     unsafe_weak_sandbox: WeakSandboxOption = False,
 ) -> None:
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly)."""
@@ -197,6 +215,10 @@ def node_run(
         sets.append(f"run_id={_json.dumps(run_id)}")
     if max_rounds is not None:
         sets.append(f"rounds.max_rounds={max_rounds}")
+    if mode is not None:
+        if mode not in ("httt", "federated"):
+            raise ConfigError(f"unknown mode {mode!r}; valid modes: federated, httt")
+        sets.append(f"mode={_json.dumps(mode)}")
     if adversary is not None:
         sets.append(f"adversary.name={_json.dumps(adversary)}")
     if defense is not None:
@@ -298,7 +320,10 @@ def testnet_up(
     overrides: SetOption = None,
     adversary: Annotated[str | None, typer.Option(help="NAME:COUNT malicious nodes")] = None,
     defense: Annotated[str | None, typer.Option(help="defense chain NAME[,NAME...]")] = None,
-    mode: Annotated[str, typer.Option(help="homogeneous | heterogeneous")] = "homogeneous",
+    mode: Annotated[str, typer.Option(help="homogeneous | heterogeneous | federated")] = "homogeneous",
+    topology: Annotated[
+        str | None, typer.Option(help="federated mode: star (node 0 aggregates) | decentralised")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="give up after this many seconds (with --rounds)")] = 3600.0,
     background: Annotated[
         bool, typer.Option("--background", help="start the nodes and return; stop them with `testnet down`")
@@ -313,8 +338,10 @@ def testnet_up(
 
     from dgrpo.daemon.testnet import start_testnet, stop_nodes, wait_rounds
 
-    if mode not in ("homogeneous", "heterogeneous"):
-        raise ConfigError(f"unknown mode {mode!r}; valid modes: heterogeneous, homogeneous")
+    if mode not in ("homogeneous", "heterogeneous", "federated"):
+        raise ConfigError(f"unknown mode {mode!r}; valid modes: federated, heterogeneous, homogeneous")
+    if topology is not None and (mode != "federated" or topology not in ("star", "decentralised")):
+        raise ConfigError("--topology is star or decentralised, with --mode federated")
     attack: tuple[str, int] | None = None
     if adversary:
         from dgrpo.adversary import ADVERSARIES, parse_adversary_spec
@@ -326,6 +353,8 @@ def testnet_up(
             raise ConfigError(f"{attack[1]} malicious nodes leave no honest node among {n}")
     chain = defense_chain(defense) if defense else []
     extra = [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])]
+    if topology is not None:
+        extra.insert(0, f"federated.topology='{topology}'")
     nodes = start_testnet(n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack)
     names = [f"node-{nd.index}" + (f" ({attack[0]})" if attack and nd.index >= n - attack[1] else "") for nd in nodes]
     console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from dgrpo.protocol.chunks import FEDERATED_REASONS
 from dgrpo.protocol.envelope import (
     DOMAIN_TAG,
     Envelope,
@@ -24,7 +25,8 @@ from dgrpo.protocol.envelope import (
 from dgrpo.protocol.identity import Identity
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import SamplingParams
-from dgrpo.protocol.topics import control_topic, rollout_topic
+from dgrpo.protocol.topics import control_topic, global_topic, rollout_topic, update_topic
+from dgrpo.protocol.update_bodies import GlobalBody, UpdateBody
 from dgrpo.protocol.validator import BENIGN_REASONS, REASONS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
@@ -33,6 +35,8 @@ MODELS: dict[str, list[type[BaseModel]]] = {
     "RolloutBody": [RolloutBody],
     "SamplingParams": [WireSamplingParams, SamplingParams],
     "HeartbeatBody": [HeartbeatBody],
+    "UpdateBody": [UpdateBody],
+    "GlobalBody": [GlobalBody],
 }
 
 
@@ -100,6 +104,11 @@ def test_admission_reasons(doc: str) -> None:
     assert tuple(r[0] for r in rows if r[1] == "close") == CLOSE_REASONS
 
 
+def test_federated_reasons(doc: str) -> None:
+    rows = table_after(doc, "## Federated mode", ["reason", "when", "check"])
+    assert tuple(r[0] for r in rows) == FEDERATED_REASONS
+
+
 def test_reason_codes(doc: str) -> None:
     rows = table_after(doc, "## Validation", ["reason", "check", "counts towards blacklisting"])
     assert tuple(r[0] for r in rows) == REASONS
@@ -108,7 +117,7 @@ def test_reason_codes(doc: str) -> None:
 
 
 def test_topics_and_domain_tag(doc: str) -> None:
-    for topic in (rollout_topic("RUN"), control_topic("RUN")):
+    for topic in (rollout_topic("RUN"), control_topic("RUN"), update_topic("RUN"), global_topic("RUN")):
         assert f"`{topic.replace('RUN', '<run>')}`" in doc
     assert " ".join(f"{b:02x}" for b in DOMAIN_TAG) in doc
 

@@ -4,7 +4,7 @@
 :func:`dgrpo.round.build.build_node` turns it into a node for either.
 
 The TOML sections are the field names: ``[task]``, ``[model]``, ``[learner]``, ``[sampling]``, ``[rollout]``,
-``[defense]``, ``[adversary]``, ``[limits]``.
+``[defense]``, ``[adversary]``, ``[limits]``, ``[federated]`` (federated mode).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dgrpo.config.adversary import AdversaryConfig
 from dgrpo.config.defense import DefenseConfig, check_sampler
+from dgrpo.config.federated import FederatedConfig
 from dgrpo.config.learner import LearnerConfig
 from dgrpo.config.model import ModelConfig
 from dgrpo.config.rollout import RolloutConfig
@@ -44,6 +45,10 @@ class RunConfig(BaseModel):
     limits: Annotated[Limits, Field(description="what the node accepts from peers (docs/protocol.md, Limits)")] = (
         Limits()
     )
+    federated: Annotated[
+        FederatedConfig | None,
+        Field(description="federated mode (Fed-GRPO, docs/federated.md): share model updates, not completions"),
+    ] = None
 
     @model_validator(mode="before")
     @classmethod

@@ -38,6 +38,7 @@ from dgrpo.protocol.identity import Identity
 from dgrpo.protocol.nonce import NonceCounter
 from dgrpo.protocol.replay import ReplayGuard
 from dgrpo.protocol.validator import MessageValidator
+from dgrpo.round.admit import AdmissionStatistics
 from dgrpo.round.build import build_node
 from dgrpo.round.observer import RoundObserver, notify
 from dgrpo.round.receive import RoundInbox
@@ -98,7 +99,7 @@ class Daemon:
             RoundLog(settings.state_dir / "rounds.jsonl", digest),
             Blacklister(self._blacklist, lambda peer: self.reputation.rate(peer)[0] if self.reputation else 0.0),
         ]
-        self.metrics.registry.register(WireCollector(self._transport_statistics, self.node.admitter.statistics))
+        self.metrics.registry.register(WireCollector(self._transport_statistics, self._admission_statistics))
         self.inbox = RoundInbox(self.node.admitter)
         self.round = 0  # the round in progress (or next to run)
         self.rounds_done = 0
@@ -112,11 +113,11 @@ class Daemon:
             self._restore()
 
     # ----------------------------------------------------------------- checkpoints
-    def _restore(self) -> None:
+    def _restore(self) -> CheckpointState | None:
         state = self.checkpoints.load_latest()
         if state is None:
             log.warning("--resume: no valid checkpoint in %s; starting fresh", self.checkpoints.folder)
-            return
+            return None
         self.learner.model.load_state_dict(state.model)
         self.learner.optimizer.load_state_dict(state.optimizer)
         self.rounds_done = int(state.meta.get("rounds_done", state.round))
@@ -134,10 +135,10 @@ class Daemon:
             self.nonces.peek(),
             len(self.restored_blacklist),
         )
+        return state
 
-    def save_checkpoint(self) -> None:
-        if self.rounds_done == 0:
-            return
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What the checkpoint keeps besides the model, optimizer, nonce and replay state."""
         blacklisted = sorted(set(self.gossip.blacklisted()) if self.gossip else set(self.restored_blacklist))
         meta: dict[str, Any] = {
             "peer_id": self.peer_id,
@@ -147,6 +148,11 @@ class Daemon:
         }
         if self.reputation is not None:
             meta["reputation"] = self.reputation.to_dict()
+        return meta
+
+    def save_checkpoint(self) -> None:
+        if self.rounds_done == 0:
+            return
         path = self.checkpoints.save(
             CheckpointState(
                 round=self.round - 1,
@@ -154,7 +160,7 @@ class Daemon:
                 optimizer=self.learner.optimizer.state_dict(),
                 nonce=self.nonces.peek(),
                 replay=self.replay.to_dict(),
-                meta=meta,
+                meta=self.checkpoint_meta(),
             )
         )
         log.info("checkpoint %s", path)
@@ -163,13 +169,17 @@ class Daemon:
     def _transport_statistics(self) -> TransportStatistics:
         return self.transport.statistics() if self.transport is not None else TransportStatistics()
 
+    def _admission_statistics(self) -> AdmissionStatistics:
+        """Round-level rejections (the admit stage; federated mode: chunk reassembly)."""
+        return self.node.admitter.statistics()
+
     def _blacklist(self, peer: str, reason: str) -> None:
         if self.transport is not None:
             self.transport.blacklist(peer, reason)
 
     def snapshot(self) -> dict[str, Any]:
         wire = self._transport_statistics()
-        admission = self.node.admitter.statistics()
+        admission = self._admission_statistics()
         counters = self.counters
         last = counters.last
         transport = self.transport
@@ -177,6 +187,7 @@ class Daemon:
         return {
             "peer_id": self.peer_id,
             "run_id": self.settings.run_id,
+            "mode": self.settings.mode,
             "state": self.state,
             "round": self.round,
             "rounds_done": self.rounds_done,
@@ -245,6 +256,7 @@ class Daemon:
             try:
                 async with trio.open_nursery() as nursery:
                     await self.transport.start(nursery)
+                    await self._open_topics(nursery)
                     for peer in self.restored_blacklist:
                         self.transport.blacklist(peer, "blacklisted before the restart (checkpoint)")
                     nursery.start_soon(self.inbox.pump, self.transport.inbound())
@@ -255,6 +267,9 @@ class Daemon:
             finally:
                 with trio.CancelScope(shield=True):
                     await self._shutdown(server)
+
+    async def _open_topics(self, nursery: trio.Nursery) -> None:
+        """Subscribe to topics beyond rollouts and control (federated mode's updates); none here."""
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -356,7 +371,12 @@ class Daemon:
 
 
 def run_daemon(settings: NodeSettings, resume: bool = False) -> None:
-    trio.run(Daemon(settings, resume=resume).run)
+    if settings.mode == "federated":
+        from dgrpo.daemon.federated import FederatedDaemon  # imports this module
+
+        trio.run(FederatedDaemon(settings, resume=resume).run)
+    else:
+        trio.run(Daemon(settings, resume=resume).run)
 
 
 def read_node_file(state_dir: Path) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import (
@@ -81,6 +81,35 @@ class MonitorSettings(Section):
     )
 
 
+class FederationSettings(Section):
+    """A daemon's place in a federation (``mode = "federated"``; the run's ``[federated]`` says how it trains)."""
+
+    client_index: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="which client's prompts this node trains on (0 .. federated.clients - 1); None: its rank "
+            "among the sorted peer ids of the nodes present at the first round",
+        ),
+    ] = None
+    aggregator: Annotated[
+        str | None,
+        Field(
+            max_length=128,
+            description="star topology: the aggregator's peer id; None: the lowest peer id present at the first round",
+        ),
+    ] = None
+    prompts_per_client: Annotated[int, Field(ge=1, description="training prompts in each client's partition")] = 64
+    chunk_bytes: Annotated[
+        int,
+        Field(
+            ge=1024,
+            le=512 * 1024,
+            description="payload bytes per update message (every message stays under limits.max_message_bytes)",
+        ),
+    ] = 128 * 1024
+
+
 class NodeSettings(RunConfig, BaseSettings):
     """A daemon's settings: the run configuration (:class:`dgrpo.config.RunConfig`: task, model, learner,
     sampling, rollout, defense, adversary, limits) plus what only a daemon needs."""
@@ -99,6 +128,11 @@ class NodeSettings(RunConfig, BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     status: StatusSettings = StatusSettings()
     monitor: MonitorSettings = MonitorSettings()
+    mode: Annotated[
+        Literal["httt", "federated"],
+        Field(description="httt: exchange rollouts (the default); federated: exchange model updates (Fed-GRPO)"),
+    ] = "httt"
+    federation: FederationSettings = FederationSettings()
     torch_threads: Annotated[int, Field(ge=0, description="torch intra-op threads; 0: torch's default")] = 1
 
     @classmethod

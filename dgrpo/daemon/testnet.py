@@ -1,5 +1,8 @@
 """``dgrpo testnet up``: a local network of daemons, each a separate process on 127.0.0.1.
 
+Modes: ``homogeneous`` (one model), ``heterogeneous`` (the embedded models in turn), ``federated`` (Fed-GRPO:
+node i is client i of ``n``, node 0 the aggregator of the star topology).
+
 Node 0 starts first; every later node bootstraps to all nodes started before it (their addresses come from
 each node's ``node.json``). A live table polls every node's status endpoint. With ``rounds``, the nodes run
 that many rounds and linger; when all are done they get SIGTERM, write ``node-<i>/status.json`` and exit.
@@ -74,6 +77,8 @@ def node_overrides(
         sets.append(f"rounds.max_rounds={rounds}")
     if mode == "heterogeneous":
         sets.append(f"model.name='{EMBEDDED_MODELS[index % len(EMBEDDED_MODELS)]}'")
+    if mode == "federated":  # one client per node; node i trains on partition i
+        sets += ["mode='federated'", f"federated.clients={n}", f"federation.client_index={index}"]
     if defense:
         sets.append(f"defense.chain={json.dumps(defense)}")
         if needs_seeded_sampler(defense):
@@ -96,6 +101,17 @@ def wait_for_node_file(node: NetNode, timeout: float = 120.0) -> dict[str, Any]:
     raise DgrpoError(f"node {node.index} did not come up within {timeout}s; see {node.state_dir}/node.log")
 
 
+def node_identity(state: Path) -> Identity:
+    """The identity of the node in ``state`` (created there if it has none yet)."""
+    state.mkdir(parents=True, exist_ok=True)
+    key = state / "identity.key"
+    if key.exists():
+        return Identity.load(key)
+    identity = Identity.generate()
+    identity.save(key)
+    return identity
+
+
 def launch_node(
     index: int,
     n: int,
@@ -114,10 +130,7 @@ def launch_node(
     state.mkdir(parents=True, exist_ok=True)
     for stale in ("node.json", "status.json"):
         (state / stale).unlink(missing_ok=True)
-    key = state / "identity.key"
-    identity = Identity.load(key) if key.exists() else Identity.generate()
-    if not key.exists():
-        identity.save(key)
+    identity = node_identity(state)
     cmd = [sys.executable, "-m", "dgrpo", "node", "run", "--state-dir", str(state)]
     if config is not None:
         cmd += ["--config", str(config)]
@@ -151,6 +164,9 @@ def start_testnet(
     if n < 1:
         raise ConfigError("a testnet needs at least one node")
     out.mkdir(parents=True, exist_ok=True)
+    if mode == "federated":
+        # node 0 aggregates (star topology; the decentralised one ignores it): its key is made now to name it
+        extra = [f"federation.aggregator='{node_identity(out / 'node-0').peer_id}'", *(extra or [])]
     nodes: list[NetNode] = []
     for i in range(n):
         bootstrap = [tcp_address(nd) for nd in nodes]

@@ -125,6 +125,33 @@ class Libp2pTransport(Transport):
             except trio.WouldBlock:
                 self.dropped_inbound += 1
 
+    async def open_topic(
+        self, nursery: trio.Nursery, topic: str, kind: str, size: int = 4096
+    ) -> trio.MemoryReceiveChannel[Envelope]:
+        """Subscribe to one more topic carrying ``kind`` (federated mode's updates): its messages are validated
+        like the others (same validator, counters and blacklisting) and handed over as envelopes."""
+        self.gossip.set_validator(topic, self._validator(kind))
+        channel = await self.gossip.subscribe(topic)
+        send, receive = trio.open_memory_channel[Envelope](size)
+        nursery.start_soon(self._drain_envelopes, channel, send)
+        return receive
+
+    async def _drain_envelopes(
+        self, channel: trio.MemoryReceiveChannel[GossipMessage], send: trio.MemorySendChannel[Envelope]
+    ) -> None:
+        async for msg in channel:
+            env = self._envelope(msg)
+            if env is None:
+                continue
+            try:
+                send.send_nowait(env)
+            except trio.WouldBlock:
+                self.dropped_inbound += 1
+
+    async def publish_signed(self, topic: str, data: bytes) -> None:
+        """Publish already signed wire bytes (federated mode's chunks) on ``topic``."""
+        await self.gossip.publish(topic, data)
+
     async def _drain_control(self, channel: trio.MemoryReceiveChannel[GossipMessage]) -> None:
         async for msg in channel:
             env = self._envelope(msg)

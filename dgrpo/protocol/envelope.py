@@ -20,18 +20,18 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, fiel
 from dgrpo.errors import DgrpoError
 from dgrpo.protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_from_public_bytes
 from dgrpo.protocol.limits import Limits
-from dgrpo.protocol.messages import Rollout, SamplingParams, SplitMode, StrictModel
+from dgrpo.protocol.messages import Rollout, SamplingParams, SplitMode
 from dgrpo.protocol.nonce import NONCE_LIMIT, NonceSource
 from dgrpo.protocol.topics import RUN_ID_PATTERN, validate_run_id
+from dgrpo.protocol.update_bodies import GlobalBody, UpdateBody
+from dgrpo.protocol.wire import WireModel
 
 PROTOCOL_VERSION: Final = 1
 DOMAIN_TAG = b"dgrpo/envelope/1\x00"  # separates these signatures from any other use of the same key
 MAX_LISTEN_ADDRS = 8
-# Largest bin field (the signature); a longer one is malformed before any allocation.
-_MAX_BIN_LEN = SIGNATURE_BYTES
-# Largest map on the wire has 9 keys; allow some unknown keys so they are reported as "schema", not "malformed".
+# Largest map on the wire has 10 keys (a global body); allow some unknown keys so they are "schema", not "malformed".
 _MAX_MAP_LEN = 32
-Kind = Literal["rollout", "heartbeat"]
+Kind = Literal["rollout", "heartbeat", "update", "global"]
 _DEFAULT_LIMITS = Limits()
 
 
@@ -42,27 +42,6 @@ class ProtocolError(DgrpoError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
-
-
-class WireModel(StrictModel):
-    """A strict model whose fields are all required and whose float fields accept only floats.
-
-    pydantic's strict mode still accepts an int for a float field; on the wire that would be a msgpack int
-    where the spec says float 64, a second encoding of the same value, so it is rejected here. Defaults (as
-    :class:`SamplingParams` has) are for code, not for the wire: a message lists every field.
-    """
-
-    @model_validator(mode="before")
-    @classmethod
-    def _complete_and_floats_are_floats(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            missing = [name for name in cls.model_fields if name not in data]
-            if missing:
-                raise ValueError(f"missing field(s) {', '.join(missing)}")
-            for name, info in cls.model_fields.items():
-                if info.annotation is float and name in data and type(data[name]) is not float:
-                    raise ValueError(f"{name} must be a float (msgpack float 64), got {type(data[name]).__name__}")
-        return data
 
 
 class WireSamplingParams(WireModel, SamplingParams):
@@ -97,14 +76,21 @@ class HeartbeatBody(WireModel):
     listen_addrs: Annotated[tuple[str, ...], Field(max_length=MAX_LISTEN_ADDRS)]
 
 
-_BODY_TYPES: dict[str, type[BaseModel]] = {"rollout": RolloutBody, "heartbeat": HeartbeatBody}
+_BODY_TYPES: dict[str, type[BaseModel]] = {
+    "rollout": RolloutBody,
+    "heartbeat": HeartbeatBody,
+    "update": UpdateBody,
+    "global": GlobalBody,
+}
+# A key only that body has, to pick its model from a decoded map.
+_BODY_KEYS = {"prompt_id": "rollout", "rounds_done": "heartbeat", "clients": "global", "samples": "update"}
 
 
 def _body_tag(value: Any) -> str | None:
     # Picks the body model from the body's own keys so a schema error names one model's fields, not both;
     # whether the body fits the envelope's kind is checked after validation.
     if isinstance(value, dict):
-        return "rollout" if "prompt_id" in value else "heartbeat" if "rounds_done" in value else None
+        return next((kind for key, kind in _BODY_KEYS.items() if key in value), None)
     for kind, model in _BODY_TYPES.items():
         if type(value) is model:
             return kind
@@ -112,8 +98,15 @@ def _body_tag(value: Any) -> str | None:
 
 
 Body = Annotated[
-    Annotated[RolloutBody, Tag("rollout")] | Annotated[HeartbeatBody, Tag("heartbeat")],
-    Discriminator(_body_tag, custom_error_type="body_type", custom_error_message="not a rollout or heartbeat body"),
+    Annotated[RolloutBody, Tag("rollout")]
+    | Annotated[HeartbeatBody, Tag("heartbeat")]
+    | Annotated[UpdateBody, Tag("update")]
+    | Annotated[GlobalBody, Tag("global")],
+    Discriminator(
+        _body_tag,
+        custom_error_type="body_type",
+        custom_error_message="not a rollout, heartbeat, update or global body",
+    ),
 ]
 
 
@@ -212,7 +205,7 @@ def decode(data: bytes, limits: Limits | None = None) -> Envelope:
             use_list=False,  # arrays -> tuples, which strict pydantic accepts for tuple fields
             strict_map_key=True,
             object_pairs_hook=_pairs_to_dict,
-            max_bin_len=_MAX_BIN_LEN,
+            max_bin_len=limits.max_message_bytes,  # bin fields: author, sig, and update chunks
             max_str_len=limits.max_message_bytes,
             # generous, so that too many completions is reported as such; a huge declared array fails here
             max_array_len=max(4 * limits.max_completions, 64),
@@ -271,7 +264,7 @@ def to_rollout(envelope: Envelope, naming: PeerNaming = peer_id_from_public_byte
 
 
 class Signer:
-    """Turns this node's rollouts and heartbeats into signed wire messages."""
+    """Turns this node's rollouts, heartbeats and update chunks (federated mode) into signed wire messages."""
 
     def __init__(
         self,
@@ -289,7 +282,7 @@ class Signer:
         self.limits = limits or Limits()
         self.name = name or identity.peer_id  # the peer id this identity goes by (see PeerNaming)
 
-    def sign(self, kind: Kind, round: int, body: RolloutBody | HeartbeatBody) -> bytes:
+    def sign(self, kind: Kind, round: int, body: RolloutBody | HeartbeatBody | UpdateBody | GlobalBody) -> bytes:
         """Wire bytes of a new envelope; takes the next nonce.
 
         Raises :class:`ProtocolError` (``schema``, ``oversize``) for a message receivers would reject.
@@ -312,7 +305,7 @@ class Signer:
         data = encode(envelope)
         if len(data) > self.limits.max_message_bytes:
             # Receivers would drop it (and gossipsub drops > 1 MiB silently): fail loudly at the sender.
-            raise ProtocolError("oversize", f"{len(data)} bytes > {self.limits.max_message_bytes}; split the rollout")
+            raise ProtocolError("oversize", f"{len(data)} bytes > {self.limits.max_message_bytes}; split the message")
         return data
 
     def sign_rollout(self, rollout: Rollout) -> bytes:
@@ -332,3 +325,7 @@ class Signer:
 
     def sign_heartbeat(self, body: HeartbeatBody, round: int) -> bytes:
         return self.sign("heartbeat", round, body)
+
+    def sign_chunk(self, body: UpdateBody | GlobalBody, round: int) -> bytes:
+        """An ``update`` or ``global`` envelope (:mod:`dgrpo.protocol.chunks` cuts a payload into bodies)."""
+        return self.sign("update" if isinstance(body, UpdateBody) else "global", round, body)

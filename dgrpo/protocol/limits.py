@@ -59,6 +59,16 @@ class Limits(BaseModel):
     messages_per_round: Annotated[
         int, Field(ge=1, description="rollout messages kept for one round, from all peers together")
     ] = 10_000
+    max_update_bytes: Annotated[
+        int,
+        Field(
+            ge=1024,
+            description="federated mode: largest encoded model update (the whole payload of its chunks), bytes",
+        ),
+    ] = 64 * MIB
+    max_update_chunks: Annotated[
+        int, Field(ge=1, description="federated mode: most chunks one update may be cut into")
+    ] = 1024
     blacklist_after: Annotated[
         int,
         Field(

@@ -34,10 +34,22 @@ def control_topic(run: str) -> str:
     return f"/dgrpo/{validate_run_id(run)}/control/{TOPIC_VERSION}"
 
 
+def update_topic(run: str) -> str:
+    """``/dgrpo/<run>/updates/1``: federated mode's client updates (chunked)."""
+    return f"/dgrpo/{validate_run_id(run)}/updates/{TOPIC_VERSION}"
+
+
+def global_topic(run: str) -> str:
+    """``/dgrpo/<run>/global/1``: federated mode's global updates from the aggregator (star topology)."""
+    return f"/dgrpo/{validate_run_id(run)}/global/{TOPIC_VERSION}"
+
+
 def topic_kind(topic: str, run: str) -> str | None:
     """The envelope kind carried by ``topic`` of ``run`` (pass it as ``expected_kind``), None for a foreign topic."""
-    if topic == rollout_topic(run):
-        return "rollout"
-    if topic == control_topic(run):
-        return "heartbeat"
-    return None
+    kinds = {
+        rollout_topic(run): "rollout",
+        control_topic(run): "heartbeat",
+        update_topic(run): "update",
+        global_topic(run): "global",
+    }
+    return kinds.get(topic)

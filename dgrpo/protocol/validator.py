@@ -26,6 +26,7 @@ from types import MappingProxyType
 
 from dgrpo.protocol.envelope import (
     Envelope,
+    HeartbeatBody,
     PeerNaming,
     ProtocolError,
     RolloutBody,
@@ -37,6 +38,7 @@ from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.replay import ReplayGuard
 from dgrpo.protocol.topics import validate_run_id
+from dgrpo.protocol.update_bodies import GlobalBody
 
 # Every reason code, in validation order (documented in docs/protocol.md).
 REASONS = (
@@ -50,6 +52,8 @@ REASONS = (
     "completion_too_long",
     "prompt_too_long",
     "string_too_long",
+    "too_many_chunks",
+    "update_too_large",
     "stale",
     "future",
     "bad_signature",
@@ -133,10 +137,17 @@ class MessageValidator:
             if len(body.prompt) > lim.max_prompt_chars:
                 raise _Reject("prompt_too_long")
             ids: tuple[str, ...] = (body.prompt_id, body.model_id)
-        else:
+        elif isinstance(body, HeartbeatBody):
             ids = body.listen_addrs
+        else:  # a chunk of a federated update
+            ids = body.clients if isinstance(body, GlobalBody) else ()
         if any(len(s) > lim.max_string_chars for s in ids):
             raise _Reject("string_too_long")
+        if not isinstance(body, RolloutBody | HeartbeatBody):
+            if body.chunks > lim.max_update_chunks:
+                raise _Reject("too_many_chunks")
+            if body.size > lim.max_update_bytes:
+                raise _Reject("update_too_large")
 
     def _check_time(self, env: Envelope) -> None:
         now_ms = self.clock() * 1000.0

@@ -56,3 +56,18 @@ def plot_asr(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_federated(curves: dict[str, Sequence[Sequence[float]]], path: Path, title: str = "") -> None:
+    """Held-out accuracy per round, one line per method (federated runs and their baselines)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, points in curves.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

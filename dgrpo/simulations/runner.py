@@ -28,6 +28,7 @@ from dgrpo.round.receive import RoundInbox
 from dgrpo.round.run import run_round
 from dgrpo.simulations.defense_metrics import DefenseMeter
 from dgrpo.simulations.evaluation import EvalPoint, Evaluator
+from dgrpo.simulations.federated import run_federated
 from dgrpo.simulations.plots import plot_asr, plot_curves
 from dgrpo.simulations.scenario import Scenario
 from dgrpo.tasks import get_task
@@ -161,7 +162,10 @@ async def _simulate(scenario: Scenario, nodes: list[SimNode], observers: Sequenc
 
 
 def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | None = None) -> dict[str, Any]:
-    """Run ``scenario`` and write its results to ``out_dir``; returns the summary."""
+    """Run ``scenario`` and write its results to ``out_dir``; returns the summary. A ``[federated]``
+    scenario runs in :func:`dgrpo.simulations.federated.run_federated`."""
+    if scenario.federated is not None:
+        return run_federated(scenario, out_dir, on_round)
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     if scenario.torch_threads:

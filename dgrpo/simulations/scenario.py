@@ -92,6 +92,15 @@ class Scenario(RunConfig):
         return data
 
     @model_validator(mode="after")
+    def _federated_attacks_its_own_way(self) -> Scenario:
+        if self.federated is not None and (self.nodes.malicious or self.adversary is not None):
+            raise ValueError(
+                "a federated scenario shares updates, not completions: its attackers are [federated.attack], "
+                "not [adversary] / nodes.malicious"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _adversary_for_malicious(self) -> Scenario:
         if self.nodes.malicious and self.adversary is None:
             raise ValueError("nodes.malicious > 0 needs an [adversary] section (e.g. name = 'text')")

@@ -1,0 +1,263 @@
+"""``dgrpo node run --mode federated``: a daemon that is one client of a Fed-GRPO federation (docs/federated.md).
+
+Every round: load the global weights into the learner, take the client's local GRPO steps on its own
+partition of the prompts (:class:`dgrpo.federated.client.FedClient`), publish the (sparse, error-fed) update
+and its reward statistics as signed chunks (:mod:`dgrpo.daemon.fed_exchange`), then
+
+- **star**: the aggregator (``federation.aggregator``, default the lowest peer id present at the first round)
+  collects the round's submissions until every expected peer's has arrived or ``rounds.deadline_seconds``
+  passed, aggregates them (:class:`dgrpo.federated.server.Aggregator`) and publishes the global update and
+  statistics; the other nodes wait for it (up to twice the deadline);
+- **decentralised**: every node collects the round's submissions (its own included) the same way and
+  aggregates them itself; the aggregator sums in client-name order, so nodes holding the same set get the
+  same bits.
+
+Every node then sets ``global <- global + delta``. The global flat weights are the source of truth (the
+learner's weights are reset to them at the start of each round); checkpoints keep them with the
+optimizer, the error-feedback residual, the aggregator's history and the global statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import torch
+import trio
+
+from dgrpo.config.federated import FederatedConfig
+from dgrpo.daemon.checkpoint import CheckpointState
+from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of
+from dgrpo.daemon.settings import NodeSettings
+from dgrpo.errors import ConfigError
+from dgrpo.federated.attacks import build_attack
+from dgrpo.federated.client import FedClient, GlobalStats, Submission
+from dgrpo.federated.encoding import decode, encode
+from dgrpo.federated.params import assign_parameters, digest, flat_parameters
+from dgrpo.federated.partition import partition
+from dgrpo.federated.server import Aggregator
+from dgrpo.federated.sparse import ErrorFeedback
+from dgrpo.protocol.chunks import Reassembler
+from dgrpo.round.admit import AdmissionStatistics
+
+log = logging.getLogger("dgrpo.daemon")
+
+
+class FederatedDaemon(Daemon):
+    def __init__(self, settings: NodeSettings, resume: bool = False) -> None:
+        super().__init__(settings, resume=False)
+        self.resume = resume
+        self.cfg = settings.federated or FederatedConfig()
+        if self.cfg.method != "federated":
+            raise ConfigError(
+                f"a daemon runs federated.method='federated', not {self.cfg.method!r} (a simulation baseline)"
+            )
+        self.topology = self.cfg.topology
+        self.client_index = settings.federation.client_index
+        if self.client_index is not None and self.client_index >= self.cfg.clients:
+            raise ConfigError(f"federation.client_index {self.client_index} must be below federated.clients")
+        self.aggregator_id = settings.federation.aggregator
+        self.global_flat = flat_parameters(self.learner.model)
+        self.model_size = self.global_flat.numel()
+        self.global_stats: GlobalStats | None = None
+        self.global_digest = digest(self.global_flat)
+        self.aggregator = Aggregator(self.cfg)
+        self.reassembler = Reassembler(settings.limits)
+        self.client: FedClient | None = None
+        self.residual: torch.Tensor | None = None  # restored before the client exists
+        self.exchange = UpdateExchange(
+            self.peer_id, self.signer, self.reassembler, self.model_size, settings.run_id,
+            settings.federation.chunk_bytes,
+        )  # fmt: skip
+        self.last_round: dict[str, Any] | None = None
+        if resume:
+            self._restore()
+
+    # ----------------------------------------------------------------- checkpoints
+    def _restore(self) -> CheckpointState | None:
+        state = super()._restore()
+        fed = state.meta.get("federated") if state is not None else None
+        if not isinstance(fed, dict):
+            return state
+        self.global_flat = fed["global"].clone().to(torch.float32)
+        self.residual = fed["residual"].clone().to(torch.float32)
+        self.aggregator.history = {str(k): float(v) for k, v in fed["history"].items()}
+        stats = fed.get("global_stats")
+        self.global_stats = GlobalStats(float(stats[0]), float(stats[1])) if stats else None
+        self.client_index = fed.get("client_index", self.client_index)
+        self.aggregator_id = fed.get("aggregator") or self.aggregator_id
+        self.global_digest = digest(self.global_flat)
+        assign_parameters(self.learner.model, self.global_flat)
+        log.info("federated state restored: global %s…, round %d", self.global_digest[:12], self.round)
+        return state
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        meta = super().checkpoint_meta()
+        residual = self.client.feedback.residual if self.client is not None else self.residual
+        meta["federated"] = {
+            "global": self.global_flat.clone(),
+            "residual": (residual if residual is not None else torch.zeros(self.model_size)).clone(),
+            "history": dict(self.aggregator.history),
+            "global_stats": None if self.global_stats is None else [self.global_stats.mean, self.global_stats.std],
+            "client_index": self.client_index,
+            "aggregator": self.aggregator_id,
+            "topology": self.topology,
+        }
+        return meta
+
+    # ----------------------------------------------------------------- status
+    def _admission_statistics(self) -> AdmissionStatistics:
+        stats = self.reassembler.statistics()
+        return AdmissionStatistics(stats.rejected_by_reason, stats.rejected_by_author)
+
+    def is_aggregator(self) -> bool:
+        return self.topology == "decentralised" or self.aggregator_id == self.peer_id
+
+    def snapshot(self) -> dict[str, Any]:
+        out = super().snapshot()
+        stats = self.reassembler.statistics()
+        out["weights_sha256"] = self.global_digest
+        out["mean_reward"] = self.last_round["local_mean"] if self.last_round else None
+        out["federated"] = {
+            "topology": self.topology,
+            "role": "aggregator" if self.is_aggregator() else "client",
+            "aggregator": self.aggregator_id if self.topology == "star" else None,
+            "client_index": self.client_index,
+            "round": self.round,
+            "rounds_done": self.rounds_done,
+            "global_sha256": self.global_digest,
+            "global_stats": None if self.global_stats is None else vars(self.global_stats),
+            "bytes_sent": self.exchange.bytes_sent,
+            "messages_sent": self.exchange.messages_sent,
+            "updates_completed": stats.completed,
+            "last_round": self.last_round,
+        }
+        return out
+
+    # ----------------------------------------------------------------- the loop
+    async def _open_topics(self, nursery: trio.Nursery) -> None:
+        assert self.transport is not None
+        await self.exchange.start(self.transport, nursery)
+
+    def expected_peers(self, round_idx: int) -> set[str]:
+        """Active peers at or behind ``round_idx`` (they will send it), and those that already sent some."""
+        assert self.transport is not None
+        table = {p.peer_id: p for p in self.transport.peer_table()}
+        sent = set(self.exchange.submissions.get(round_idx, {}))
+        return {p for p in self.transport.peers() if table[p].round <= round_idx or p in sent}
+
+    def _setup_client(self) -> FedClient:
+        """The client: its partition index and the aggregator are fixed at the first round (and checkpointed)."""
+        assert self.transport is not None
+        present = sorted(self.transport.peers() | {self.peer_id})
+        if self.client_index is None:
+            self.client_index = present.index(self.peer_id)
+            if self.client_index >= self.cfg.clients:
+                raise ConfigError(f"{len(present)} nodes present but federated.clients = {self.cfg.clients}")
+        if self.topology == "star" and self.aggregator_id is None:
+            self.aggregator_id = present[0]
+        self.exchange.aggregator = self.aggregator_id if self.topology == "star" else None
+        cfg, s = self.cfg, self.settings
+        task = self.node.task
+        prompts = partition(task, cfg.partition, cfg.clients, s.federation.prompts_per_client, s.run_id)
+        attack = None
+        if cfg.attack is not None and self.client_index >= cfg.clients - cfg.attack.clients:
+            attack = build_attack(cfg.attack.name, cfg.attack.options)
+        client = FedClient(
+            self.peer_id, s.run_id, task, self.learner, [(self.peer_id, prompts[self.client_index])], cfg,
+            s.sampling, attack,
+        )  # fmt: skip
+        if self.residual is not None:
+            client.feedback = ErrorFeedback(self.model_size, self.residual)
+        log.info(
+            "federated %s: client %d of %d%s", self.topology, self.client_index, cfg.clients,
+            f", aggregator {self.aggregator_id}" if self.topology == "star" else "",
+        )  # fmt: skip
+        return client
+
+    async def _rounds(self) -> None:
+        assert self.transport is not None
+        s = self.settings.rounds
+        resumed_at = self.round
+        await self._join()
+        if self.round > max(resumed_at, 1):
+            self._error(f"joining a federation at round {self.round}: these global weights may be behind the others'")
+        self.state = "running"
+        self.round = max(self.round, 1)
+        self.client = self._setup_client()
+        while s.max_rounds is None or self.rounds_done < s.max_rounds:
+            await self._federated_round(self.client, self.round)
+            self.rounds_done += 1
+            self.round += 1
+            self.replay.save(self.replay_path)
+            if self.rounds_done % self.settings.checkpoint.every == 0:
+                await trio.to_thread.run_sync(self.save_checkpoint)
+        self.state = "done"
+        log.info("completed %d federated rounds; global weights %s", self.rounds_done, self.global_digest)
+        if s.linger:
+            await trio.sleep_forever()
+
+    async def _federated_round(self, client: FedClient, r: int) -> None:
+        t0 = time.time()
+        deadline = self.settings.rounds.deadline_seconds
+        ex = self.exchange
+        ex.advance(r)
+        await trio.to_thread.run_sync(client.load_global, self.global_flat)
+        result = await trio.to_thread.run_sync(client.local_round, r, self.global_stats)
+        sub = await trio.to_thread.run_sync(client.submission, r, result, self.global_stats)
+        payload = await trio.to_thread.run_sync(encode, sub.update)
+        # What the others decode, so every aggregating node sums the same bits.
+        ex.add_own(Submission(self.peer_id, r, sub.stats, decode(payload, self.model_size)))
+        await ex.publish_update(r, sub.stats, payload)
+        row: dict[str, Any] = {"local_mean": result.stats.mean, "local_std": result.stats.std}
+        if self.is_aggregator():
+            expected = self.expected_peers(r) | {self.peer_id}
+            await ex.wait(lambda: expected <= set(ex.submissions.get(r, {})), deadline)
+            received = ex.received(r)
+            aggregated = await trio.to_thread.run_sync(self.aggregator.aggregate, r, list(received.values()))
+            delta_payload = await trio.to_thread.run_sync(encode, sparse_of(aggregated.delta))
+            if self.topology == "star":
+                await ex.publish_global(r, aggregated.stats, dict(aggregated.weights), delta_payload)
+            delta: torch.Tensor | None = decode(delta_payload, self.model_size).dense()
+            stats: GlobalStats | None = aggregated.stats
+            weights: dict[str, float] = dict(aggregated.weights)
+            row["missing"] = sorted(expected - set(received))
+            row["clipped"] = dict(aggregated.clipped)
+        else:
+            arrived = await ex.wait(lambda: r in ex.globals, 2 * deadline)
+            glob = ex.globals.get(r) if arrived else None
+            delta, stats, weights = (glob.delta, glob.stats, glob.weights) if glob else (None, None, {})
+            if glob is None:
+                self._error(f"round {r}: no global update from {self.aggregator_id} in {2 * deadline:.0f}s")
+        if delta is not None:
+            self.global_flat = self.global_flat + delta
+            self.global_stats = stats
+        self.global_digest = digest(self.global_flat)
+        await trio.to_thread.run_sync(client.load_global, self.global_flat)
+        row |= {
+            "round": r,
+            "peer": self.peer_id,
+            "mode": "federated",
+            "topology": self.topology,
+            "role": "aggregator" if self.is_aggregator() else "client",
+            "clients": sorted(weights),
+            "weights": weights,
+            "applied": delta is not None,
+            "global_stats": None if stats is None else vars(stats),
+            "global_sha256": self.global_digest,
+            "bytes_sent": ex.bytes_sent,
+            "losses": list(result.losses),
+            "seconds": round(time.time() - t0, 3),
+        }
+        self.last_round = row
+        self.metrics.round.set(r)
+        self.metrics.mean_reward.set(result.stats.mean)
+        self.metrics.round_seconds.set(row["seconds"])
+        if row.get("missing"):
+            self._error(f"round {r} closed at its deadline without {row['missing']}")
+        with (self.settings.state_dir / "rounds.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        log.info("federated round %s", json.dumps(row))

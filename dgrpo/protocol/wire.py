@@ -1,0 +1,34 @@
+"""The base of every wire model: strict, frozen, every field required, floats only as floats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import model_validator
+
+from dgrpo.protocol.messages import StrictModel
+
+
+class WireModel(StrictModel):
+    """A strict model whose fields are all required and whose float fields accept only floats.
+
+    pydantic's strict mode still accepts an int for a float field; on the wire that would be a msgpack int
+    where the spec says float 64, a second encoding of the same value, so it is rejected here. Defaults (as
+    :class:`~dgrpo.protocol.messages.SamplingParams` has) are for code, not for the wire: a message lists
+    every field.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _complete_and_floats_are_floats(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            missing = [name for name in cls.model_fields if name not in data]
+            if missing:
+                raise ValueError(f"missing field(s) {', '.join(missing)}")
+            for name, info in cls.model_fields.items():
+                if info.annotation is float and name in data and type(data[name]) is not float:
+                    raise ValueError(f"{name} must be a float (msgpack float 64), got {type(data[name]).__name__}")
+                floats = info.annotation == tuple[float, ...] and isinstance(data.get(name), tuple | list)
+                if floats and any(type(v) is not float for v in data[name]):
+                    raise ValueError(f"{name} must hold floats (msgpack float 64)")
+        return data

@@ -1,0 +1,87 @@
+"""The federated daemon without the network: settings, testnet wiring, checkpoints and ``--resume``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.federated import FederatedDaemon
+from dgrpo.daemon.settings import load_node_settings
+from dgrpo.daemon.testnet import node_overrides
+from dgrpo.errors import ConfigError
+from dgrpo.federated.client import GlobalStats
+from dgrpo.federated.params import digest, flat_parameters
+
+
+def settings(tmp_path: Path, *extra: str) -> list[str]:
+    return [f"state_dir={str(tmp_path)!r}", "status.enabled=false", "mode='federated'", *extra]
+
+
+def test_mode_settings_and_testnet_overrides(tmp_path: Path) -> None:
+    s = load_node_settings(None, settings(tmp_path, "federated.clients=3", "federation.client_index=2"))
+    assert s.mode == "federated" and s.federated is not None and s.federated.clients == 3
+    assert s.federation.client_index == 2 and s.federation.chunk_bytes == 128 * 1024
+    assert load_node_settings(None, [f"state_dir={str(tmp_path)!r}"]).mode == "httt"
+    with pytest.raises(ConfigError):
+        load_node_settings(None, settings(tmp_path, "mode='gossip'"))
+    sets = node_overrides(1, 3, 3, "net", "federated", [], [])
+    assert {"mode='federated'", "federated.clients=3", "federation.client_index=1"} <= set(sets)
+
+
+def test_daemon_refuses_a_simulation_baseline_or_a_client_beyond_the_federation(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="centralized"):
+        FederatedDaemon(load_node_settings(None, settings(tmp_path, "federated.method='centralized'")))
+    with pytest.raises(ConfigError, match="client_index"):
+        FederatedDaemon(
+            load_node_settings(None, settings(tmp_path, "federated.clients=2", "federation.client_index=2"))
+        )
+
+
+def test_checkpoint_holds_global_weights_residual_and_history(tmp_path: Path) -> None:
+    sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='decentralised'")
+    first = FederatedDaemon(load_node_settings(None, sets))
+    assert isinstance(first, Daemon) and first.snapshot()["mode"] == "federated"
+    size = first.model_size
+    first.global_flat = first.global_flat + 0.01  # as after a round's aggregation
+    first.global_stats = GlobalStats(0.4, 0.2)
+    first.aggregator.history = {"peerA": 0.3}
+    first.residual = torch.linspace(-1, 1, size)
+    first.rounds_done, first.round = 2, 3
+    first.save_checkpoint()
+
+    again = FederatedDaemon(load_node_settings(None, sets), resume=True)
+    assert again.round == 3 and again.rounds_done == 2
+    assert torch.equal(again.global_flat, first.global_flat) and again.global_digest == digest(first.global_flat)
+    assert torch.equal(flat_parameters(again.learner.model), first.global_flat)  # the learner starts from it
+    assert again.residual is not None and torch.equal(again.residual, first.residual)
+    assert again.aggregator.history == {"peerA": 0.3} and again.global_stats == GlobalStats(0.4, 0.2)
+    assert again.client_index == 1
+    status = again.snapshot()["federated"]
+    assert status["global_sha256"] == again.global_digest and status["topology"] == "decentralised"
+    assert status["role"] == "aggregator" and status["global_stats"] == {"mean": 0.4, "std": 0.2}
+    # the client built at the first round carries the restored residual and trains on its own partition
+    again.transport = FakeTransport()  # type: ignore[assignment]
+    client = again._setup_client()
+    assert torch.equal(client.feedback.residual, first.residual) and client.name == again.peer_id
+    assert len(client.sources) == 1 and len(client.sources[0][1]) == 64
+
+
+class FakeTransport:
+    def peers(self) -> set[str]:
+        return set()
+
+
+def test_cli_modes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dgrpo.cli import app
+
+    runner = CliRunner()
+    bad_mode = runner.invoke(app, ["node", "run", "--mode", "gossip", "--state-dir", str(tmp_path)])
+    assert bad_mode.exit_code != 0 and "federated, httt" in bad_mode.output
+    bad_topology = runner.invoke(app, ["testnet", "up", "--topology", "star", "--out", str(tmp_path)])
+    assert bad_topology.exit_code != 0 and "--mode federated" in bad_topology.output
+    assert "federated" in runner.invoke(app, ["testnet", "up", "--help"]).output

@@ -1,0 +1,181 @@
+"""Federated mode end to end in one process: real tiny models, real GRPO steps, the real byte encoding."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dgrpo.config import RunConfig
+from dgrpo.config.federated import FederatedConfig
+from dgrpo.errors import ConfigError
+from dgrpo.federated.client import FedClient, GlobalStats, Submission
+from dgrpo.federated.partition import carries, partition
+from dgrpo.federated.server import Aggregator
+from dgrpo.federated.sparse import top_k
+from dgrpo.federated.stats import ClientStats
+from dgrpo.learner.learner import Learner
+from dgrpo.simulations.runner import run_simulation
+from dgrpo.simulations.scenario import build_scenario, load_scenario
+from dgrpo.tasks import get_task
+
+SMALL: dict[str, Any] = {
+    "clients": 3,
+    "local_steps": 1,
+    "prompts_per_step": 2,
+    "completions_per_prompt": 4,
+    "prompts_per_client": 40,
+}
+
+
+def scenario(**federated: Any) -> Any:
+    return build_scenario(
+        {
+            "name": "fed-test",
+            "rounds": 2,
+            "eval": {"every": 1, "prompts": 16},
+            "sampling": {"max_new_tokens": 24},
+            "federated": {**SMALL, **federated},
+        }
+    )
+
+
+def test_partition_is_disjoint_and_ordered_by_difficulty() -> None:
+    task = get_task("arith")
+    parts = partition(task, "arith-carries", 4, 50, "run")
+    ids = [p.id for part in parts for p in part]
+    assert [len(p) for p in parts] == [50] * 4 and len(set(ids)) == 200
+    hardness = [[carries(int(p.meta["a"]), int(p.meta["b"])) for p in part] for part in parts]
+    for easier, harder in itertools.pairwise(hardness):
+        assert max(easier) <= min(harder)
+    assert max(hardness[-1]) > min(hardness[0])  # non-IID: the blocks differ
+    assert carries(999, 1) == 3 and carries(123, 456) == 0
+
+
+def test_federated_run_writes_its_summary(tmp_path: Path) -> None:
+    summary = run_simulation(
+        scenario(weighting="signal", calibration={"enabled": True}, sparsity={"budget": 0.01}), tmp_path
+    )
+    fed = summary["federated"]
+    assert [p[0] for p in fed["accuracy"]] == [0, 1, 2]
+    n = fed["parameters"]
+    # 1% of the entries (signal scaling keeps each client within [0.5, 2] x the budget)
+    assert 0.005 * n <= fed["entries_per_client_per_round"] <= 0.02 * n
+    assert fed["compression_entries"] >= 50 and fed["compression_bytes"] >= 25
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert set(rows[0]["weights"]) == {"client-0", "client-1", "client-2"}
+    assert sum(rows[0]["weights"].values()) == pytest.approx(1.0)
+    assert rows[1]["global_mean_reward"] is not None and (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_runs_are_reproducible(tmp_path: Path) -> None:
+    sc = scenario(sparsity={"budget": 0.05})
+    first = run_simulation(sc, tmp_path / "a")["federated"]["global_weights_digest"]
+    again = run_simulation(sc, tmp_path / "b")["federated"]["global_weights_digest"]
+    assert first == again
+
+
+def test_baselines(tmp_path: Path) -> None:
+    central = run_simulation(scenario(method="centralized"), tmp_path / "c")["federated"]
+    assert central["bytes_per_client_per_round"] is None and central["global_weights_digest"] is None
+    local = run_simulation(scenario(method="local"), tmp_path / "l")
+    assert local["federated"]["method"] == "local" and len(local["accuracy"]) == 3
+
+
+def test_centralized_trains_on_the_union_of_the_clients_batches() -> None:
+    run = RunConfig()
+    cfg = FederatedConfig(**SMALL)
+    task = get_task("arith")
+    parts = partition(task, cfg.partition, cfg.clients, cfg.prompts_per_client, "sim")
+    seen: list[list[str]] = []
+
+    class Recorder(Learner):
+        def generate(self, prompts: Any, n: int, sampling: Any, **kw: Any) -> list[list[str]]:
+            seen.append(list(prompts))
+            return super().generate(prompts, n, sampling, **kw)
+
+    sources = [(f"client-{i}", p) for i, p in enumerate(parts)]
+    FedClient("centralized", "sim", task, Recorder(run.model, run.learner), sources, cfg, run.sampling).local_round(
+        1, None
+    )
+    alone = [Recorder(run.model, run.learner) for _ in parts]
+    for (name, prompts), learner in zip(sources, alone, strict=True):
+        FedClient(name, "sim", task, learner, [(name, prompts)], cfg, run.sampling).local_round(1, None)
+    assert seen[0] == [t for batch in seen[1:] for t in batch]  # 2 prompts from each of the 3 clients
+
+
+def test_a_client_sends_its_update_with_nothing_lost() -> None:
+    run = RunConfig()
+    cfg = FederatedConfig(**{**SMALL, "sparsity": {"budget": 0.01}})
+    task = get_task("arith")
+    prompts = partition(task, cfg.partition, cfg.clients, cfg.prompts_per_client, "sim")[0]
+    client = FedClient(
+        "client-0", "sim", task, Learner(run.model, run.learner), [("client-0", prompts)], cfg, run.sampling
+    )
+    result = client.local_round(1, None)
+    assert result.delta.abs().max() > 0 and result.stats.samples == 8
+    sent = client.submission(1, result, None)
+    assert sent.update.entries == round(0.01 * client.size)
+    assert torch.allclose(sent.update.dense() + client.feedback.residual, result.delta, atol=0)
+
+
+def _sub(name: str, mean: float, std: float, update: list[float]) -> Submission:
+    return Submission(name, 1, ClientStats(mean, std, 64, 8), top_k(torch.tensor(update), len(update)))
+
+
+def test_aggregation_is_identical_whatever_the_arrival_order() -> None:
+    gen = torch.Generator().manual_seed(1)
+    subs = [_sub(f"n{i}", 0.5, 0.1 * (i + 1), torch.randn(1000, generator=gen).tolist()) for i in range(3)]
+    cfg = FederatedConfig(weighting="signal")
+    one = Aggregator(cfg).aggregate(1, subs)
+    other = Aggregator(cfg).aggregate(1, list(reversed(subs)))
+    assert torch.equal(one.delta, other.delta) and one.weights == other.weights
+
+
+def test_std_inflation_gains_weight_and_the_defense_takes_it_back() -> None:
+    honest = [_sub(f"c{i}", 0.8, s, [1.0, 1.0]) for i, s in enumerate([0.2, 0.25, 0.3, 0.2])]
+    liar = _sub("c9", 0.5, 0.5, [-1.0, -1.0])
+    open_cfg = FederatedConfig(weighting="signal")
+    undefended = Aggregator(open_cfg).aggregate(1, [*honest, liar])
+    assert undefended.weights["c9"] == pytest.approx(0.51 / (0.21 + 0.26 + 0.31 + 0.21 + 0.51))
+    defended = Aggregator(FederatedConfig(weighting="signal", defense={"bound_stats": True})).aggregate(
+        1, [*honest, liar]
+    )
+    # the median reported std is 0.25: the liar is clipped to 1.5 x 0.25 = 0.375
+    assert defended.clipped == {"c9": "std_above_median_ratio"}
+    assert defended.weights["c9"] == pytest.approx(0.385 / (0.21 + 0.26 + 0.31 + 0.21 + 0.385))
+    assert defended.weights["c9"] < undefended.weights["c9"]
+    krum = FederatedConfig(weighting="signal", aggregator="multi-krum", defense={"bound_stats": True})
+    assert Aggregator(krum).aggregate(1, [*honest, liar]).delta.tolist() == pytest.approx([1.0, 1.0])
+
+
+def test_calibration_uses_the_broadcast_mean() -> None:
+    run = RunConfig()
+    task = get_task("arith")
+    prompts = partition(task, "arith-carries", 3, 40, "sim")[2]
+    deltas = []
+    for strength in (0.0, 1.0):
+        cfg = FederatedConfig(**{**SMALL, "calibration": {"enabled": True, "strength": strength}})
+        client = FedClient("c", "sim", task, Learner(run.model, run.learner), [("c", prompts)], cfg, run.sampling)
+        deltas.append(client.local_round(1, GlobalStats(mean=1.0, std=0.2)).delta)
+    # same prompts and samples: calibration (mean 1.0 above every prompt's) only changes the step size
+    assert not torch.equal(deltas[0], deltas[1])
+
+
+def test_configuration_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not \\[adversary\\]"):
+        build_scenario({"federated": {}, "adversary": {"name": "text"}, "nodes": {"malicious": 1}})
+    with pytest.raises(ConfigError, match="must leave an honest client"):
+        build_scenario({"federated": {"clients": 2, "attack": {"name": "scale", "clients": 2}}})
+    with pytest.raises(ConfigError, match="valid aggregator names"):
+        run_simulation(scenario(aggregator="krum-ish"), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["fed-avg", "fed-grpo", "fed-centralized", "fed-std-attack"])
+def test_shipped_scenarios_load(name: str) -> None:
+    sc = load_scenario(Path(name))
+    assert sc.federated is not None and sc.federated.clients == 5
