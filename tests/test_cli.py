@@ -122,3 +122,24 @@ def test_bad_defense_specs_get_one_clear_line(tmp_path: Path) -> None:
             if "unknown" in expected:
                 assert "sampling-proof" in result.output  # the valid names are listed
     assert not (tmp_path / "t").exists()
+
+
+def test_simulate_federated(tmp_path: Path) -> None:
+    """`dgrpo simulate fed-grpo` with small work: one line per round (traffic per client), the summary line."""
+    small = [
+        "rounds=2",
+        "eval.prompts=8",
+        "federated.clients=2",
+        "federated.local_steps=1",
+        "federated.prompts_per_step=2",
+        "federated.completions_per_prompt=2",
+        "federated.prompts_per_client=10",
+        "sampling.max_new_tokens=16",
+    ]
+    args = ["simulate", "fed-grpo", "--out", str(tmp_path)]
+    result = runner.invoke(app, [*args, *[x for s in small for x in ("-s", s)]])
+    assert result.exit_code == 0, result.output
+    assert "2 clients (federated, signal / mean, budget 0.03125)" in result.output
+    assert "round   1  mean reward" in result.output and "KiB/client" in result.output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["federated"]["weighting"] == "signal" and summary["rounds"] == 2

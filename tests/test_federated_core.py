@@ -29,7 +29,12 @@ EQUAL = torch.full((5,), 0.2)
 
 
 def agg(name: str, updates: torch.Tensor, weights: torch.Tensor, **options: object) -> list[float]:
-    return [float(v) for v in build_aggregator(name, options)(updates, weights)]
+    return [float(v) for v in build_aggregator(name, options)(updates, weights).update]
+
+
+def influence(name: str, updates: torch.Tensor, weights: torch.Tensor, **options: object) -> list[float] | None:
+    merged = build_aggregator(name, options)(updates, weights).influence
+    return None if merged is None else [float(v) for v in merged]
 
 
 # ----------------------------------------------------------------------------- aggregators
@@ -45,11 +50,13 @@ def test_weighted_mean() -> None:
     # 0.1*0 + 0.2*1 + 0.3*2 + 0.2*9 + 0.2*100 = 22.6; 0.1*10 + 0.2*20 + 0.3*30 + 0.2*40 - 0.2*100 = 2
     weights = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2])
     assert agg("mean", U, weights) == pytest.approx([22.6, 2.0], abs=1e-5)
+    assert influence("mean", U, weights) == pytest.approx([0.1, 0.2, 0.3, 0.2, 0.2])
 
 
 def test_coordinate_median_odd_and_even() -> None:
     assert agg("median", U, EQUAL) == [2.0, 20.0]  # sorted columns [0,1,2,9,100] and [-100,10,20,30,40]
     assert agg("median", U[1:], EQUAL[1:]) == [5.5, 25.0]  # the two middle values averaged: (2+9)/2, (20+30)/2
+    assert influence("median", U, EQUAL) is None  # no per-client share in a coordinate-wise rule
 
 
 def test_trimmed_mean() -> None:
@@ -63,6 +70,7 @@ def test_multi_krum_keeps_the_central_updates() -> None:
     # f = 1, K - f - 2 = 2 nearest; squared distances give scores u0 101+404, u1 101+101, u2 101+149,
     # u3 149+464, u4 22100+24201: u1, u2, u0 are kept and averaged.
     assert agg("multi-krum", U, EQUAL, f=1, m=3) == pytest.approx([1.0, 20.0])
+    assert influence("multi-krum", U, EQUAL, f=1, m=3) == pytest.approx([1 / 3, 1 / 3, 1 / 3, 0.0, 0.0])
     # defaults: f = (5 - 3) // 2 = 1, m = K - f = 4 (drops only the outlier)
     assert agg("multi-krum", U, EQUAL) == pytest.approx([3.0, 25.0])
 
@@ -74,15 +82,19 @@ def test_norm_clip() -> None:
     assert agg("norm-clip", updates, equal, max_norm=5.0) == pytest.approx([2.0, 13 / 3])
     # default bound: the median norm (10), so only the outlier shrinks to [6, 8]
     assert agg("norm-clip", updates, equal) == pytest.approx([3.0, 22 / 3])
+    # shares of the clipped mass: clip factors 1, 1, 0.1
+    assert influence("norm-clip", updates, equal) == pytest.approx([1 / 2.1, 1 / 2.1, 0.1 / 2.1])
 
 
 def test_aggregation_is_independent_of_submission_order() -> None:
     shuffled = U[[4, 2, 0, 3, 1]]
     for name in AGGREGATORS.names():
-        assert torch.equal(build_aggregator(name)(U[[0, 1, 2, 3, 4]], EQUAL), build_aggregator(name)(U, EQUAL))
+        assert torch.equal(
+            build_aggregator(name)(U[[0, 1, 2, 3, 4]], EQUAL).update, build_aggregator(name)(U, EQUAL).update
+        )
         # median and trimmed mean sort per coordinate: the order of the clients does not matter at all
         if name in ("median", "trimmed-mean"):
-            assert torch.equal(build_aggregator(name)(shuffled, EQUAL), build_aggregator(name)(U, EQUAL))
+            assert torch.equal(build_aggregator(name)(shuffled, EQUAL).update, build_aggregator(name)(U, EQUAL).update)
 
 
 # ----------------------------------------------------------------------------- weights

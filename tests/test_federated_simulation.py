@@ -56,6 +56,21 @@ def test_partition_is_disjoint_and_ordered_by_difficulty() -> None:
     assert carries(999, 1) == 3 and carries(123, 456) == 0
 
 
+def test_gsm8k_partition_by_solution_steps(tmp_path: Path) -> None:
+    rows = [
+        {"question": f"Question {i}?", "answer": "\n".join(f"step {j}" for j in range(steps)) + f"\n#### {i}"}
+        for i, steps in enumerate([4, 1, 3, 2, 1, 4, 2, 3])
+    ]
+    for split in ("train", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = get_task("gsm8k", data=str(tmp_path))
+    parts = partition(task, "gsm8k-steps", 2, 4, "run")
+    steps = [[p.meta["solution"].count("\n") + 1 for p in part] for part in parts]
+    assert sorted(steps[0]) == [1, 1, 2, 2] and sorted(steps[1]) == [3, 3, 4, 4]
+    with pytest.raises(ConfigError, match="needs arith prompts"):
+        partition(task, "arith-carries", 2, 4, "run")
+
+
 def test_federated_run_writes_its_summary(tmp_path: Path) -> None:
     summary = run_simulation(
         scenario(weighting="signal", calibration={"enabled": True}, sparsity={"budget": 0.01}), tmp_path
@@ -66,6 +81,8 @@ def test_federated_run_writes_its_summary(tmp_path: Path) -> None:
     # 1% of the entries (signal scaling keeps each client within [0.5, 2] x the budget)
     assert 0.005 * n <= fed["entries_per_client_per_round"] <= 0.02 * n
     assert fed["compression_entries"] >= 50 and fed["compression_bytes"] >= 25
+    assert [r["round"] for r in fed["per_round"]] == [1, 2]
+    assert all(len(r["bytes_per_client"]) == 3 for r in fed["per_round"])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert set(rows[0]["weights"]) == {"client-0", "client-1", "client-2"}
     assert sum(rows[0]["weights"].values()) == pytest.approx(1.0)
@@ -150,7 +167,9 @@ def test_std_inflation_gains_weight_and_the_defense_takes_it_back() -> None:
     assert defended.weights["c9"] == pytest.approx(0.385 / (0.21 + 0.26 + 0.31 + 0.21 + 0.385))
     assert defended.weights["c9"] < undefended.weights["c9"]
     krum = FederatedConfig(weighting="signal", aggregator="multi-krum", defense={"bound_stats": True})
-    assert Aggregator(krum).aggregate(1, [*honest, liar]).delta.tolist() == pytest.approx([1.0, 1.0])
+    kept = Aggregator(krum).aggregate(1, [*honest, liar])
+    assert kept.delta.tolist() == pytest.approx([1.0, 1.0]) and kept.influence is not None
+    assert kept.influence["c9"] == 0.0  # excluded: whatever weight it claimed, it has no share of the result
 
 
 def test_calibration_uses_the_broadcast_mean() -> None:

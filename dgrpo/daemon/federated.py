@@ -162,7 +162,7 @@ class FederatedDaemon(Daemon):
         self.exchange.aggregator = self.aggregator_id if self.topology == "star" else None
         cfg, s = self.cfg, self.settings
         task = self.node.task
-        prompts = partition(task, cfg.partition, cfg.clients, s.federation.prompts_per_client, s.run_id)
+        prompts = partition(task, cfg.partition, cfg.clients, cfg.prompts_per_client, s.run_id)
         attack = None
         if cfg.attack is not None and self.client_index >= cfg.clients - cfg.attack.clients:
             attack = build_attack(cfg.attack.name, cfg.attack.options)

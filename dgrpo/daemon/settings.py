@@ -99,7 +99,6 @@ class FederationSettings(Section):
             description="star topology: the aggregator's peer id; None: the lowest peer id present at the first round",
         ),
     ] = None
-    prompts_per_client: Annotated[int, Field(ge=1, description="training prompts in each client's partition")] = 64
     chunk_bytes: Annotated[
         int,
         Field(

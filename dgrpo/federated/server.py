@@ -35,6 +35,8 @@ class Aggregated:
     stats: GlobalStats
     weights: Mapping[str, float]
     clipped: Mapping[str, str] = field(default_factory=dict)  # client -> why its report was bounded
+    # each client's share of the result after the aggregator excluded or clipped (None: coordinate-wise rule)
+    influence: Mapping[str, float] | None = None
 
 
 class Aggregator:
@@ -70,6 +72,9 @@ class Aggregator:
         weights = self.weights(names, reports)
         updates = torch.stack([s.update.dense() for s in ordered])
         merged = self.merge(updates, torch.tensor(weights, dtype=torch.float64).to(torch.float32))
+        influence = None
+        if merged.influence is not None:
+            influence = {n: float(v) for n, v in zip(names, merged.influence.tolist(), strict=True)}
         samples = sum(r.samples for r in reports)
         mean = sum(r.mean * r.samples for r in reports) / samples if samples else 0.0
         std = sum(r.std for r in reports) / len(reports)
@@ -78,8 +83,9 @@ class Aggregator:
         )
         return Aggregated(
             round_idx,
-            merged * self.cfg.server_lr,
+            merged.update * self.cfg.server_lr,
             GlobalStats(mean, std),
             dict(zip(names, weights, strict=True)),
             clipped,
+            influence,
         )

@@ -135,6 +135,8 @@ class FederatedRun:
             )
             if self.attackers:
                 row["attacker_weight_share"] = sum(aggregated.weights[n] for n in self.attackers)
+                influence = aggregated.influence
+                row["attacker_influence"] = None if influence is None else sum(influence[n] for n in self.attackers)
         row["mean_reward"] = _mean([r.stats.mean for n, r in results.items() if n not in self.attackers])
         row["seconds"] = time.perf_counter() - t0
         return row
@@ -155,6 +157,7 @@ def federated_summary(
     mean_bytes = _mean([float(b) for b in sent])
     mean_entries = _mean([float(e) for e in entries])
     shares = [r["attacker_weight_share"] for r in rows if "attacker_weight_share" in r]
+    influence = [r["attacker_influence"] for r in rows if r.get("attacker_influence") is not None]
     return {
         "method": fed.method,
         "clients": fed.clients,
@@ -175,6 +178,19 @@ def federated_summary(
         "compression_entries": run.size / mean_entries if mean_entries else None,
         "compression_bytes": dense_bytes / mean_bytes if mean_bytes else None,
         "attacker_weight_share": _mean(shares) if run.attackers else None,
+        # the share the aggregator left it (multi-krum: 0 when excluded; median, trimmed mean: not defined)
+        "attacker_influence": _mean(influence) if run.attackers else None,
+        "per_round": [
+            {
+                "round": r["round"],
+                "accuracy": r.get("accuracy"),
+                "bytes_per_client": r.get("bytes_sent", {}),
+                "entries_per_client": r.get("entries_sent", {}),
+                "attacker_weight_share": r.get("attacker_weight_share"),
+                "attacker_influence": r.get("attacker_influence"),
+            }
+            for r in rows
+        ],
         "global_weights_digest": digest(run.global_weights) if fed.method == "federated" else None,
     }
 

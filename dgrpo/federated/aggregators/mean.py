@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, check_shapes, weighted_mean
+from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, Merged, check_shapes, shares, weighted_mean
 
 
 @AGGREGATORS.register("mean")
 def mean() -> Aggregate:
-    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> Merged:
         check_shapes(updates, weights)
-        return weighted_mean(updates, weights)
+        return Merged(weighted_mean(updates, weights), shares(weights))
 
     return aggregate

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, check_shapes
+from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, Merged, check_shapes
 
 
 def coordinate_median(updates: torch.Tensor) -> torch.Tensor:
@@ -20,8 +20,8 @@ def coordinate_median(updates: torch.Tensor) -> torch.Tensor:
 
 @AGGREGATORS.register("median")
 def median() -> Aggregate:
-    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> Merged:
         check_shapes(updates, weights)
-        return coordinate_median(updates)
+        return Merged(coordinate_median(updates), None)
 
     return aggregate

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, check_shapes, weighted_mean
+from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, Merged, check_shapes, shares, weighted_mean
 
 
 def krum_scores(updates: torch.Tensor, f: int) -> torch.Tensor:
@@ -31,11 +31,13 @@ def select_multikrum(updates: torch.Tensor, f: int, m: int) -> list[int]:
 
 @AGGREGATORS.register("multi-krum")
 def multi_krum(f: int | None = None, m: int | None = None) -> Aggregate:
-    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> Merged:
         check_shapes(updates, weights)
         k = updates.shape[0]
         byzantine = max((k - 3) // 2, 0) if f is None else f
         keep = select_multikrum(updates, byzantine, max(1, min(k, k - byzantine if m is None else m)))
-        return weighted_mean(updates[keep], weights[keep])
+        influence = torch.zeros(k, dtype=torch.float64)
+        influence[keep] = shares(weights[keep])  # the excluded weigh nothing
+        return Merged(weighted_mean(updates[keep], weights[keep]), influence)
 
     return aggregate

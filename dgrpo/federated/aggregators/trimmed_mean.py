@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from dgrpo.errors import ConfigError
-from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, check_shapes
+from dgrpo.federated.aggregators.base import AGGREGATORS, Aggregate, Merged, check_shapes
 
 
 def trimmed(updates: torch.Tensor, trim: int) -> torch.Tensor:
@@ -24,9 +24,9 @@ def trimmed_mean(beta: float = 0.2, trim: int | None = None) -> Aggregate:
     if not 0.0 <= beta < 0.5:
         raise ConfigError(f"trimmed-mean: beta {beta} must lie in [0, 0.5)")
 
-    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def aggregate(updates: torch.Tensor, weights: torch.Tensor) -> Merged:
         check_shapes(updates, weights)
         cut = int(beta * updates.shape[0]) if trim is None else trim
-        return trimmed(updates, cut)
+        return Merged(trimmed(updates, cut), None)
 
     return aggregate
