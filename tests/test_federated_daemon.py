@@ -41,7 +41,13 @@ def test_daemon_refuses_a_simulation_baseline_or_a_client_beyond_the_federation(
 
 
 def test_checkpoint_holds_global_weights_residual_and_history(tmp_path: Path) -> None:
-    sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='decentralised'")
+    sets = settings(
+        tmp_path,
+        "federated.clients=3",
+        "federated.prompts_per_client=64",
+        "federation.client_index=1",
+        "federated.topology='decentralised'",
+    )
     first = FederatedDaemon(load_node_settings(None, sets))
     assert isinstance(first, Daemon) and first.snapshot()["mode"] == "federated"
     size = first.model_size

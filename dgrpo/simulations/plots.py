@@ -60,9 +60,11 @@ def plot_asr(
 
 def plot_federated(curves: dict[str, Sequence[Sequence[float]]], path: Path, title: str = "") -> None:
     """Held-out accuracy per round, one line per method (federated runs and their baselines)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, points in curves.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=name)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (name, points) in enumerate(curves.items()):
+        style = "-" if i < 10 else "--"  # ten colours, then the same colours dashed: no two lines look alike
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        ax.plot(xs, ys, style, color=f"C{i % 10}", marker="o", markersize=3, label=name)
     ax.set_xlabel("round")
     ax.set_ylabel("held-out accuracy")
     ax.set_title(title)
