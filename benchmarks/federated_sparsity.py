@@ -1,6 +1,6 @@
 """How sparse is a client's update by itself? (docs/results.md, "Federated mode": why top-k costs accuracy here)
 
-    .venv/bin/python benchmarks/federated_sparsity.py [--scenario fed-grpo] [--client 2]
+    .venv/bin/python benchmarks/federated_sparsity.py [--scenario fed-grpo] [--client 2] [-s learner.optimizer=sgd ...]
 
 Runs one client's first local round exactly as the federated runner does (the scenario's model, partition,
 local steps and batch) and prints, for its update: the share of its energy (squared L2 norm) held by its top
@@ -28,8 +28,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--scenario", default="fed-grpo")
     parser.add_argument("--client", type=int, default=2)
+    parser.add_argument("-s", "--set", dest="overrides", action="append", default=[], help="scenario override")
     args = parser.parse_args()
-    sc = load_scenario(Path(args.scenario))
+    sc = load_scenario(Path(args.scenario), args.overrides)
     fed = sc.federated
     assert fed is not None, "a federated scenario"
     torch.set_num_threads(max(sc.torch_threads, 1))

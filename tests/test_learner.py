@@ -106,3 +106,17 @@ def test_device_and_dtype_choice() -> None:
     assert auto.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert pick_dtype("auto", torch.device("cpu")) == torch.float32  # never bf16 on the CPU
     assert pick_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+
+
+def test_plain_sgd_moves_weights_by_lr_times_the_gradient(random_model_dir: Path) -> None:
+    cfg = LearnerConfig(optimizer="sgd", lr=0.1, max_grad_norm=None)
+    learner = Learner(ModelConfig(name=str(random_model_dir)), cfg)
+    assert type(learner.optimizer) is torch.optim.SGD
+    samples = [TrainSample((5, 6, 7), (8, 9), 1.0), TrainSample((5, 6, 7), (10, 11), -1.0)]
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    learner.accumulate_gradients(samples, 1.0, 4)
+    grads = {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+    learner.train_step(samples, 1.0, 4)
+    for name, grad in grads.items():
+        after = dict(learner.model.named_parameters())[name].detach()
+        assert torch.allclose(after, before[name] - 0.1 * grad, atol=1e-6)

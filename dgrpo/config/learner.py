@@ -14,7 +14,13 @@ LOSS_TYPES: tuple[LossType, ...] = ("grpo", "dr_grpo", "dapo")
 
 class LearnerConfig(Section):
     lr: Annotated[float, Field(gt=0.0, description="learning rate (paper: Adam 2e-5)")] = 5e-5
-    optimizer: Annotated[Literal["adam", "adamw"], Field(description="optimizer")] = "adam"
+    optimizer: Annotated[
+        Literal["adam", "adamw", "sgd"],
+        Field(
+            description="optimizer; sgd (plain, no momentum) gives updates whose energy sits in few entries, which "
+            "top-k sparsification keeps (docs/federated.md); adam moves every active weight by about lr"
+        ),
+    ] = "adam"
     weight_decay: Annotated[float, Field(ge=0.0, description="AdamW weight decay")] = 0.0
     loss_type: Annotated[LossType, Field(description="grpo | dr_grpo | dapo, with TRL's meanings")] = "dapo"
     beta: Annotated[float, Field(ge=0.0, description="KL weight (paper: 0)")] = 0.0

@@ -12,7 +12,7 @@ import hashlib
 import inspect
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -87,8 +87,14 @@ class Learner:
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, list) else (int(eos),)
         self.pad_id = int(self.tokenizer.pad_token_id)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        opt_cls = torch.optim.AdamW if learner_cfg.optimizer == "adamw" else torch.optim.Adam
-        self.optimizer = opt_cls(params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay)
+        optimizers: dict[str, Callable[..., torch.optim.Optimizer]] = {
+            "adam": torch.optim.Adam,
+            "adamw": torch.optim.AdamW,
+            "sgd": torch.optim.SGD,
+        }
+        self.optimizer = optimizers[learner_cfg.optimizer](
+            params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
+        )
         self.model_id = model_cfg.name
 
     # ----------------------------------------------------------------- tokenisation
