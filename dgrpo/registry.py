@@ -8,12 +8,13 @@ the known ones.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
-from dgrpo.errors import UnknownNameError
+from dgrpo.errors import ConfigError, UnknownNameError
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Registry(Generic[T]):
@@ -46,6 +47,15 @@ class Registry(Generic[T]):
                 raise UnknownNameError(self.kind, name, self._items) from exc
             return obj
         raise UnknownNameError(self.kind, name, self._items)
+
+    def build(self: Registry[Callable[..., R]], name: str, options: Mapping[str, Any] | None = None) -> R:
+        """The plug-in ``name`` called with ``options`` as keyword arguments; an option it does not take is a
+        configuration error naming the plug-in."""
+        factory = self.get(name)
+        try:
+            return factory(**dict(options or {}))
+        except TypeError as exc:
+            raise ConfigError(f"{self.kind} {name!r}: {exc}") from None
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -35,10 +35,6 @@ def assign_parameters(model: Any, flat: torch.Tensor) -> None:
             at += n
 
 
-def parameter_count(model: Any) -> int:
-    return sum(p.numel() for _, p in trainable(model))
-
-
 def digest(flat: torch.Tensor) -> str:
     """SHA-256 of the vector's bytes: equal digests mean identical weights."""
     return hashlib.sha256(flat.contiguous().numpy().tobytes()).hexdigest()

@@ -13,6 +13,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.update_bodies import ChunkBody, GlobalBody, UpdateBody
@@ -45,25 +46,23 @@ def split_payload(payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> lis
     return [payload[i : i + chunk_bytes] for i in range(0, len(payload), chunk_bytes)]
 
 
+def frames(payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[dict[str, Any]]:
+    """The fields every chunk body shares: its index, the count, the payload's size and hash, its piece."""
+    pieces = split_payload(payload, chunk_bytes)
+    sha = hashlib.sha256(payload).digest()
+    return [
+        {"chunk": i, "chunks": len(pieces), "size": len(payload), "sha256": sha, "data": piece}
+        for i, piece in enumerate(pieces)
+    ]
+
+
 def update_chunks(
     payload: bytes, mean: float, std: float, samples: int, groups: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> list[UpdateBody]:
     """The bodies of a client's update: every chunk carries the payload's size, hash and the statistics."""
-    pieces = split_payload(payload, chunk_bytes)
-    sha = hashlib.sha256(payload).digest()
     return [
-        UpdateBody(
-            chunk=i,
-            chunks=len(pieces),
-            size=len(payload),
-            sha256=sha,
-            mean=float(mean),
-            std=float(std),
-            samples=samples,
-            groups=groups,
-            data=piece,
-        )
-        for i, piece in enumerate(pieces)
+        UpdateBody(**frame, mean=float(mean), std=float(std), samples=samples, groups=groups)
+        for frame in frames(payload, chunk_bytes)
     ]
 
 
@@ -76,21 +75,15 @@ def global_chunks(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> list[GlobalBody]:
     """The bodies of the aggregator's global update: the aggregated delta, statistics, clients and weights."""
-    pieces = split_payload(payload, chunk_bytes)
-    sha = hashlib.sha256(payload).digest()
     return [
         GlobalBody(
-            chunk=i,
-            chunks=len(pieces),
-            size=len(payload),
-            sha256=sha,
+            **frame,
             mean=float(mean),
             std=float(std),
             clients=tuple(clients),
             weights=tuple(float(w) for w in weights),
-            data=piece,
         )
-        for i, piece in enumerate(pieces)
+        for frame in frames(payload, chunk_bytes)
     ]
 
 

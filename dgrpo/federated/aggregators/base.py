@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from dgrpo.errors import ConfigError
 from dgrpo.registry import Registry
 
 
@@ -47,11 +46,7 @@ def shares(weights: torch.Tensor) -> torch.Tensor:
 
 def build_aggregator(name: str, options: Mapping[str, Any] | None = None) -> Aggregate:
     """The aggregator ``name`` with ``options``; an unknown option is a configuration error naming it."""
-    factory = AGGREGATORS.get(name)
-    try:
-        return factory(**dict(options or {}))
-    except TypeError as exc:
-        raise ConfigError(f"aggregator {name!r}: {exc}") from None
+    return AGGREGATORS.build(name, options)
 
 
 def check_shapes(updates: torch.Tensor, weights: torch.Tensor) -> None:

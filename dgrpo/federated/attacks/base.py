@@ -7,12 +7,11 @@ statistics, ``update`` its model update (before sparsification, so error feedbac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
 
-from dgrpo.errors import ConfigError
 from dgrpo.federated.stats import ClientStats
 from dgrpo.registry import Registry
 
@@ -27,12 +26,8 @@ class UpdateAttack:
         return delta
 
 
-FED_ATTACKS: Registry[type[UpdateAttack]] = Registry("federated attack")
+FED_ATTACKS: Registry[Callable[..., UpdateAttack]] = Registry("federated attack")
 
 
 def build_attack(name: str, options: Mapping[str, Any] | None = None) -> UpdateAttack:
-    cls = FED_ATTACKS.get(name)
-    try:
-        return cls(**dict(options or {}))
-    except TypeError as exc:
-        raise ConfigError(f"federated attack {name!r}: {exc}") from None
+    return FED_ATTACKS.build(name, options)
