@@ -1,17 +1,19 @@
 """The Fed-GRPO results table (docs/results.md, "Federated mode"): every method on the same 5 non-IID clients.
 
     .venv/bin/python benchmarks/federated.py [--out runs/federated] [--jobs 2] [--seeds 1] [--rounds 20]
-        [--only FedAvg,...] [--reuse] [--assemble]
+        [--only FedAvg,...] [--set key=value ...] [--reuse] [--assemble]
 
 Each row is a shipped scenario with overrides, run exactly as ``dgrpo simulate <scenario> -s ...`` would
 (``dgrpo.simulations.runner.run_simulation``), ``--jobs`` runs at a time in separate processes. Seed i > 0
 runs the row with ``run_id = fed-s<i>`` (another pool of prompts per client, other sampling seeds) in
-``<out>/<row>-s<i>/``. ``--reuse`` keeps runs whose ``summary.json`` exists; ``--assemble`` runs nothing and
-builds the table from every run folder present. Writes ``table.json``, ``table.csv``, ``table.md`` (the
-markdown of docs/results.md), ``accuracy.png`` (held-out accuracy per round, mean over seeds, of every
-method) and prints the table with the issue's targets checked: dense Fed-GRPO >= FedAvg; sparse Fed-GRPO at
->= 32x entries at most 1 point below the dense run, at >= 600x at most 5 points below; the attacker's weight
-share and accuracy with and without the defense.
+``<out>/<row>-s<i>/``. ``--set`` adds scenario overrides to every row (the Adam table of docs/results.md:
+``--set learner.optimizer=adam --set learner.momentum=0 --set learner.lr=5e-5``). ``--reuse`` keeps runs
+whose ``summary.json`` exists; ``--assemble`` runs nothing and builds the table from every run folder
+present. Writes ``table.json``, ``table.csv``, ``table.md`` (the markdown of docs/results.md),
+``accuracy.png`` (held-out accuracy per round, mean over seeds, of every method) and prints the table with
+the issue's targets checked: dense Fed-GRPO >= FedAvg; sparse Fed-GRPO at >= 32x entries at most 1 point
+below the dense run, at >= 600x at most 5 points below; the attacker's weight share and accuracy with and
+without the defense.
 """
 
 from __future__ import annotations
@@ -187,13 +189,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="runs per row (run ids fed, fed-s1, ...)")
     parser.add_argument("--rounds", type=int, default=None, help="override every row's rounds")
     parser.add_argument("--only", default="", help="comma-separated row names (default: all)")
+    parser.add_argument("--set", action="append", default=[], help="override for every row (repeatable)")
     parser.add_argument("--reuse", action="store_true", help="keep runs whose summary.json exists")
     parser.add_argument("--assemble", action="store_true", help="run nothing; build the table from the folders")
     args = parser.parse_args()
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     if wanted - {r[0] for r in ROWS}:
         sys.exit(f"unknown rows {sorted(wanted - {r[0] for r in ROWS})}; rows: {[r[0] for r in ROWS]}")
-    chosen = [r for r in ROWS if not wanted or r[0] in wanted]
+    chosen = [(n, sc, [*o, *args.set]) for n, sc, o in ROWS if not wanted or n in wanted]
     args.out.mkdir(parents=True, exist_ok=True)
     todo = [
         (n, sc, o, folder(args.out, n, seed), seed)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import trio
 
 from dgrpo.daemon.daemon import Daemon
 from dgrpo.daemon.federated import FederatedDaemon
@@ -14,6 +15,7 @@ from dgrpo.daemon.testnet import node_overrides
 from dgrpo.errors import ConfigError
 from dgrpo.federated.client import GlobalStats
 from dgrpo.federated.params import digest, flat_parameters
+from dgrpo.net.p2p import PeerInfo
 
 
 def settings(tmp_path: Path, *extra: str) -> list[str]:
@@ -91,3 +93,53 @@ def test_cli_modes(tmp_path: Path) -> None:
     bad_topology = runner.invoke(app, ["testnet", "up", "--topology", "star", "--out", str(tmp_path)])
     assert bad_topology.exit_code != 0 and "--mode federated" in bad_topology.output
     assert "federated" in runner.invoke(app, ["testnet", "up", "--help"]).output
+
+
+def test_state_sync_serves_and_takes_over_the_global_state(tmp_path: Path) -> None:
+    from dgrpo.daemon.fed_sync import GlobalState
+    from dgrpo.protocol.sync import decode_header
+
+    sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='star'")
+    d = FederatedDaemon(load_node_settings(None, sets))
+    d.aggregator_id = "12D3KooWaggregator"
+    d.global_flat = d.global_flat + 0.5
+    d.global_digest = digest(d.global_flat)
+    d.aggregator.history = {"peerA": 0.25}
+    trio.run(d._serve_snapshot, 3)
+    snap = d.sync_server.snapshot
+    assert snap is not None and snap.round == 3
+    header = decode_header(snap.head[4:])
+    assert header.sha256.hex() == d.global_digest and header.size == 4 * d.model_size
+    assert header.aggregator == "12D3KooWaggregator" and header.history == {"peerA": 0.25} and header.mean is None
+
+    d.residual = torch.ones(d.model_size)  # as restored from an older checkpoint
+    old = d.global_digest
+    weights = torch.linspace(-1, 1, d.model_size)
+    state = GlobalState(7, weights, digest(weights), GlobalStats(0.4, 0.2), "12D3KooWother", {"peerB": 0.5}, "src")
+    trio.run(d._adopt, state, 7)
+    assert torch.equal(d.global_flat, weights) and d.global_digest == digest(weights)
+    assert torch.equal(flat_parameters(d.learner.model), weights)  # the learner starts from it
+    assert d.round == 8 and d.global_stats == GlobalStats(0.4, 0.2) and d.aggregator_id == "12D3KooWother"
+    assert d.aggregator.history == {"peerB": 0.5} and d.residual is None  # error feedback restarts at zero
+    assert d.synced == {"peer": "src", "round": 7, "global_sha256": digest(weights), "replaced_sha256": old}
+    assert d.sync_server.snapshot is not None and d.sync_server.snapshot.round == 7  # it serves what it took
+    assert d.snapshot()["federated"]["sync"] == {"served": 0, "joined_from": d.synced}
+
+
+def test_a_joining_peer_is_not_waited_for_after_the_first_round(tmp_path: Path) -> None:
+    d = FederatedDaemon(load_node_settings(None, settings(tmp_path, "federated.clients=3")))
+    table = [PeerInfo("joining", 0, 0, "running", 0.0), PeerInfo("behind", 4, 3, "running", 0.0)]
+    d.transport = TableTransport(table)  # type: ignore[assignment]
+    assert d.expected_peers(1) == {"joining"}  # a federation starting together: everyone is at round 0
+    assert d.expected_peers(5) == {"behind"}  # past round 1, round 0 means joining: it starts after this round
+
+
+class TableTransport:
+    def __init__(self, table: list[PeerInfo]) -> None:
+        self.table = table
+
+    def peers(self) -> set[str]:
+        return {p.peer_id for p in self.table}
+
+    def peer_table(self) -> list[PeerInfo]:
+        return self.table

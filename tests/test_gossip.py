@@ -300,3 +300,49 @@ def test_restarted_publisher_is_not_mistaken_for_a_replay() -> None:
             assert seqnos[1] > seqnos[0]
 
     run(main, limit=15)
+
+
+@asynccontextmanager
+async def pair() -> AsyncIterator[Chain]:
+    """A and B connected and meshed on TOPIC (``c`` is B again: a chain of two)."""
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(GossipNode.open(config(), create_new_key_pair()))
+        b = await stack.enter_async_context(GossipNode.open(config(bootstrap=a.listen_addrs()), create_new_key_pair()))
+        inbox = {"a": await a.subscribe(TOPIC), "b": await b.subscribe(TOPIC)}
+        await a.wait_for_mesh(TOPIC, 1, timeout=10)
+        await b.wait_for_mesh(TOPIC, 1, timeout=10)
+        yield Chain(a, b, b, inbox)
+
+
+def test_concurrent_large_rpcs_to_one_peer_do_not_interleave() -> None:
+    # py-libp2p writes to a new peer from its sending task and directly (recent messages); yamux locks each
+    # 64 KiB frame only, so two RPCs over the send window interleaved and killed the reader (a late joiner).
+    from libp2p.pubsub.pb import rpc_pb2
+
+    async def main() -> None:
+        async with pair() as net:
+            stream = net.a._pubsub.peers[ID.from_base58(net.b.peer_id)]
+            big = [rpc_pb2.RPC(subscriptions=[rpc_pb2.RPC.SubOpts(subscribe=False, topicid=c * 400_000)]) for c in "xy"]
+            async with trio.open_nursery() as nursery:
+                for rpc in big:
+                    nursery.start_soon(net.a._pubsub.write_msg, stream, rpc)
+            await net.a.publish(TOPIC, b"still readable")
+            assert (await net.inbox["b"].receive()).data == b"still readable"
+
+    run(main)
+
+
+def test_a_malformed_rpc_closes_the_stream_not_the_node(caplog: pytest.LogCaptureFixture) -> None:
+    from libp2p.utils.varint import encode_varint_prefixed
+
+    async def main() -> None:
+        async with pair() as net:
+            stream = net.a._pubsub.peers[ID.from_base58(net.b.peer_id)]
+            await stream.write(encode_varint_prefixed(b"\xff\xff\xff\xff"))  # not a protobuf RPC
+            await quiescent()
+            assert "malformed pubsub RPC" in caplog.text
+            await net.b.publish(TOPIC, b"B runs on")  # (it treats A as gone, as for a bad length prefix)
+        # ... and both nodes closed cleanly: before, the DecodeError escaped py-libp2p and ended B here
+
+    with caplog.at_level(logging.WARNING, logger="dgrpo.net.gossip"):
+        run(main)

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from dgrpo.daemon.checkpoint import CheckpointManager
-from dgrpo.daemon.testnet import NetNode, start_testnet, stop_nodes, wait_rounds
+from dgrpo.daemon.testnet import (
+    NetNode,
+    launch_node,
+    node_identity,
+    start_testnet,
+    stop_nodes,
+    tcp_address,
+    wait_rounds,
+)
 from dgrpo.federated.params import digest
 
 pytestmark = pytest.mark.slow  # real processes: not in the fast tier
@@ -97,3 +105,63 @@ def test_three_daemons_federated_decentralised(tmp_path: Path) -> None:
     logs = check_identical_rounds(nodes)
     assert all(log[0]["role"] == "aggregator" for log in logs)  # every node aggregates
     check_final_state(nodes, logs)
+
+
+def run_late_join(tmp_path: Path, topology: str) -> tuple[list[NetNode], NetNode]:
+    """Two daemons complete rounds; a third (client 2 of 3) joins, syncs the global state and trains one round."""
+    extra = [
+        f"federated.topology='{topology}'",
+        *SMALL,
+        f"federation.aggregator='{node_identity(tmp_path / 'node-0').peer_id}'",
+    ]
+    first: list[NetNode] = []
+    joiner: NetNode | None = None
+    try:
+        for i in range(2):  # they start without the third: one peer is enough to begin
+            bootstrap = [tcp_address(nd) for nd in first]
+            first.append(
+                launch_node(i, 3, tmp_path, None, bootstrap, mode="federated", extra=[*extra, "rounds.min_peers=1"])
+            )
+        assert wait_rounds(first, 2, lambda statuses: None, timeout=150)
+        joiner = launch_node(2, 3, tmp_path, None, [tcp_address(nd) for nd in first], mode="federated", extra=extra)
+        assert wait_rounds([joiner], 1, lambda statuses: None, timeout=150)
+        # ... and the others finish that round too, so that every log has it
+        assert wait_rounds(first, rounds_log(joiner)[0]["round"], lambda statuses: None, timeout=90)
+    finally:
+        assert stop_nodes([*first, *([joiner] if joiner else [])]), "every daemon exits 0 on SIGTERM"
+    assert joiner is not None
+    return first, joiner
+
+
+def check_late_joiner(first: list[NetNode], joiner: NetNode) -> None:
+    status = json.loads((joiner.state_dir / "status.json").read_text())
+    synced = status["federated"]["sync"]["joined_from"]
+    assert synced is not None, "the joiner took the global state from a peer"
+    # The daemons were stopped at any point: compare the rounds every log has.
+    logs = [{row["round"]: row for row in rounds_log(nd)} for nd in [*first, joiner]]
+    common = sorted(set(logs[0]) & set(logs[1]) & set(logs[2]))
+    assert common and common[0] == synced["round"] + 1, "the joiner's first round follows the state it took"
+    # It joined a federation under way: the weights it started from were not the federation's at that round,
+    # so without the sync its hash could not match.
+    assert synced["round"] >= 2 and synced["global_sha256"] == logs[0][synced["round"]]["global_sha256"]
+    assert synced["replaced_sha256"] != synced["global_sha256"]
+    for r in common:
+        rows = [log[r] for log in logs]
+        assert all(row["applied"] for row in rows), f"round {r}: a node applied no global update"
+        assert len({row["global_sha256"] for row in rows}) == 1, f"global weights differ after round {r}"
+    assert not any(reason.startswith("sync_") for reason in status["round_rejections"])
+    served = [json.loads((nd.state_dir / "status.json").read_text())["federated"]["sync"]["served"] for nd in first]
+    assert sum(served) >= 1
+
+
+def test_late_joiner_syncs_the_global_weights_star(tmp_path: Path) -> None:
+    first, joiner = run_late_join(tmp_path, "star")
+    check_late_joiner(first, joiner)
+    status = json.loads((joiner.state_dir / "status.json").read_text())
+    assert status["federated"]["sync"]["joined_from"]["peer"] == first[0].peer_id  # the aggregator served it
+    assert status["federated"]["aggregator"] == first[0].peer_id
+
+
+def test_late_joiner_syncs_the_global_weights_decentralised(tmp_path: Path) -> None:
+    first, joiner = run_late_join(tmp_path, "decentralised")
+    check_late_joiner(first, joiner)

@@ -120,3 +120,25 @@ def test_plain_sgd_moves_weights_by_lr_times_the_gradient(random_model_dir: Path
     for name, grad in grads.items():
         after = dict(learner.model.named_parameters())[name].detach()
         assert torch.allclose(after, before[name] - 0.1 * grad, atol=1e-6)
+
+
+def test_sgd_momentum_is_heavy_ball(random_model_dir: Path) -> None:
+    # torch's SGD: v_1 = g_1, v_2 = 0.9 v_1 + g_2, each step p -= lr v (what the fed-* scenarios run).
+    cfg = LearnerConfig(optimizer="sgd", momentum=0.9, lr=0.1, max_grad_norm=None)
+    learner = Learner(ModelConfig(name=str(random_model_dir)), cfg)
+    samples = [TrainSample((5, 6, 7), (8, 9), 1.0), TrainSample((5, 6, 7), (10, 11), -1.0)]
+    start = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    grads = []
+    for _ in range(2):
+        learner.accumulate_gradients(samples, 1.0, 4)
+        grads.append({n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None})
+        learner.train_step(samples, 1.0, 4)
+    for name, g1 in grads[0].items():
+        after = dict(learner.model.named_parameters())[name].detach()
+        expected = start[name] - 0.1 * g1 - 0.1 * (0.9 * g1 + grads[1][name])
+        assert torch.allclose(after, expected, atol=1e-6)
+
+
+def test_momentum_is_refused_with_adam() -> None:
+    with pytest.raises(ValueError, match="momentum is sgd's"):
+        LearnerConfig(optimizer="adam", momentum=0.9)

@@ -25,6 +25,8 @@ from dgrpo.protocol.envelope import (
 from dgrpo.protocol.identity import Identity
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import SamplingParams
+from dgrpo.protocol.sync import DOMAIN_TAG as SYNC_DOMAIN_TAG
+from dgrpo.protocol.sync import MAX_HEADER_BYTES, SYNC_REASONS, SyncHeader, encode_request, sync_protocol
 from dgrpo.protocol.topics import control_topic, global_topic, rollout_topic, update_topic
 from dgrpo.protocol.update_bodies import GlobalBody, UpdateBody
 from dgrpo.protocol.validator import BENIGN_REASONS, REASONS
@@ -107,6 +109,21 @@ def test_admission_reasons(doc: str) -> None:
 def test_federated_reasons(doc: str) -> None:
     rows = table_after(doc, "## Federated mode", ["reason", "when", "check"])
     assert tuple(r[0] for r in rows) == FEDERATED_REASONS
+
+
+def test_state_sync(doc: str) -> None:
+    rows = table_after(doc, "#### Sync header", ["field", "type", "notes"])
+    assert [r[0] for r in rows] == list(SyncHeader.model_fields)
+    for name, type_cell, _ in rows:
+        annotation = SyncHeader.model_fields[name].annotation
+        assert type_cell.startswith("bin[") == (annotation is bytes), name
+        assert type_cell.startswith("float64") == (annotation in (float, float | None)), name
+        assert type_cell.endswith(" or nil") == (type(None) in getattr(annotation, "__args__", ())), name
+    rows = table_after(doc, "#### Sync checks", ["reason", "side", "check"])
+    assert tuple(r[0] for r in rows) == SYNC_REASONS
+    assert f"`{sync_protocol('RUN').replace('RUN', '<run>')}`" in doc
+    assert " ".join(f"{b:02x}" for b in SYNC_DOMAIN_TAG) in doc
+    assert " ".join(f"{b:02x}" for b in encode_request(1)[:4]) in doc and f"at most {MAX_HEADER_BYTES} bytes" in doc
 
 
 def test_reason_codes(doc: str) -> None:

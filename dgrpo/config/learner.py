@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dgrpo.config.sections import Section
 
@@ -17,10 +17,13 @@ class LearnerConfig(Section):
     optimizer: Annotated[
         Literal["adam", "adamw", "sgd"],
         Field(
-            description="optimizer; sgd (plain, no momentum) gives updates whose energy sits in few entries, which "
-            "top-k sparsification keeps (docs/federated.md); adam moves every active weight by about lr"
+            description="optimizer; sgd gives updates whose energy sits in few entries, which top-k "
+            "sparsification keeps (docs/federated.md); adam moves every active weight by about lr"
         ),
     ] = "adam"
+    momentum: Annotated[
+        float, Field(ge=0.0, lt=1.0, description="heavy-ball momentum of sgd (0: plain SGD); sgd only")
+    ] = 0.0
     weight_decay: Annotated[float, Field(ge=0.0, description="AdamW weight decay")] = 0.0
     loss_type: Annotated[LossType, Field(description="grpo | dr_grpo | dapo, with TRL's meanings")] = "dapo"
     beta: Annotated[float, Field(ge=0.0, description="KL weight (paper: 0)")] = 0.0
@@ -31,3 +34,10 @@ class LearnerConfig(Section):
     micro_batch_size: Annotated[int, Field(ge=1, description="sequences per forward/backward pass")] = 32
     max_grad_norm: Annotated[float | None, Field(gt=0.0, description="gradient clipping; None: off")] = 1.0
     seed: Annotated[int, Field(ge=0, description="seed for initialisation and sampling")] = 0
+
+    @model_validator(mode="after")
+    def _momentum_is_sgds(self) -> LearnerConfig:
+        # Adam keeps its own first moment; a momentum set with it would be silently ignored.
+        if self.momentum and self.optimizer != "sgd":
+            raise ValueError(f"learner.momentum is sgd's; optimizer is {self.optimizer!r}")
+        return self

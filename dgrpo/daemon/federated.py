@@ -15,6 +15,10 @@ and its reward statistics as signed chunks (:mod:`dgrpo.daemon.fed_exchange`), t
 Every node then sets ``global <- global + delta``. The global flat weights are the source of truth (the
 learner's weights are reset to them at the start of each round); checkpoints keep them with the
 optimizer, the error-feedback residual, the aggregator's history and the global statistics.
+
+A node that joins a federation under way fetches the global state of the round in progress from its peers
+before its first round (:mod:`dgrpo.daemon.fed_sync`), and serves its own, as of its last completed round, to
+later joiners.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,6 +36,15 @@ from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
 from dgrpo.daemon.daemon import Daemon
 from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of
+from dgrpo.daemon.fed_sync import (
+    MAX_SOURCES,
+    GlobalState,
+    SyncClient,
+    SyncServer,
+    fetch_global_state,
+    make_snapshot,
+    named_aggregator,
+)
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.errors import ConfigError
 from dgrpo.federated.attacks import build_attack
@@ -40,7 +54,9 @@ from dgrpo.federated.params import assign_parameters, digest, flat_parameters
 from dgrpo.federated.partition import partition
 from dgrpo.federated.server import Aggregator
 from dgrpo.federated.sparse import ErrorFeedback
+from dgrpo.net.streams import Stream
 from dgrpo.protocol.chunks import Reassembler
+from dgrpo.protocol.sync import sync_protocol
 from dgrpo.round.admit import AdmissionStatistics
 
 log = logging.getLogger("dgrpo.daemon")
@@ -73,6 +89,8 @@ class FederatedDaemon(Daemon):
             settings.federation.chunk_bytes,
         )  # fmt: skip
         self.last_round: dict[str, Any] | None = None
+        self.sync_server = SyncServer(self.reassembler.reject)
+        self.synced: dict[str, Any] | None = None  # where a late join took the global state from
         if resume:
             self._restore()
 
@@ -134,20 +152,98 @@ class FederatedDaemon(Daemon):
             "messages_sent": self.exchange.messages_sent,
             "updates_completed": stats.completed,
             "last_round": self.last_round,
+            "sync": {"served": self.sync_server.served, "joined_from": self.synced},
         }
         return out
 
     # ----------------------------------------------------------------- the loop
     async def _open_topics(self, nursery: trio.Nursery) -> None:
-        assert self.transport is not None
+        assert self.transport is not None and self.gossip is not None
         await self.exchange.start(self.transport, nursery)
+        # Until its first round ends a node serves the weights it starts from (round 0, or its checkpoint's).
+        await self._serve_snapshot(max(self.round - 1, 0))
+        self.gossip.serve_streams(sync_protocol(self.settings.run_id), self.sync_server.handle)
+
+    # ----------------------------------------------------------------- state sync (late joiners)
+    async def _serve_snapshot(self, round_idx: int) -> None:
+        """Serve the global state after ``round_idx`` from now on. The copy is taken here, between rounds, so
+        the round loop never changes what is being serialized."""
+        flat, stats, history = self.global_flat.clone(), self.global_stats, dict(self.aggregator.history)
+        aggregator = self.aggregator_id if self.topology == "star" else None
+        self.sync_server.snapshot = await trio.to_thread.run_sync(
+            make_snapshot, self.identity, self.settings.run_id, round_idx, flat, stats, aggregator, history
+        )
+
+    def _sync_sources(self, aggregator: str | None) -> list[str]:
+        """The star's aggregator when it is another node; else up to MAX_SOURCES running peers, the most
+        advanced first."""
+        assert self.transport is not None
+        if aggregator is not None and aggregator != self.peer_id:
+            return [aggregator]
+        active = self.transport.peers()
+        running = [p for p in self.transport.peer_table() if p.status == "running" and p.peer_id in active]
+        running.sort(key=lambda p: (-p.rounds_done, p.peer_id))
+        return [p.peer_id for p in running[:MAX_SOURCES]]
+
+    async def _open_sync_stream(self, peer: str) -> Stream:
+        assert self.transport is not None and self.gossip is not None
+        addrs = next((p.listen_addrs for p in self.transport.peer_table() if p.peer_id == peer), ())
+        return await self.gossip.open_stream(peer, sync_protocol(self.settings.run_id), addrs)
+
+    async def _sync(self, target: int) -> bool:
+        """Take over the global state of round ``target`` (or later) from peers; False if none gave a valid one.
+
+        Star: from the aggregator (named by the settings, else by most peers), which must name itself.
+        Decentralised (or a star whose aggregator is this node): from up to 3 peers, the weights most of them
+        hold at the highest round.
+        """
+        client = SyncClient(self._open_sync_stream, self.settings.run_id, self.model_size, self.reassembler.reject)
+        aggregator = self.aggregator_id if self.topology == "star" else None
+        if self.topology == "star" and aggregator is None:
+            aggregator = named_aggregator(await client.heads(self._sync_sources(None)))
+        wait = 2 * self.settings.rounds.deadline_seconds  # the round in progress ends within that
+        state = await fetch_global_state(client, partial(self._sync_sources, aggregator), target, wait, aggregator)
+        if state is None:
+            return False
+        await self._adopt(state, target)
+        return True
+
+    async def _adopt(self, state: GlobalState, target: int) -> None:
+        if state.round < target:
+            self._error(f"state sync: peers hold round {state.round}, not {target}; joining at {state.round + 1}")
+        replaced = self.global_digest
+        self.global_flat = state.weights
+        self.global_digest = state.digest
+        self.global_stats = state.stats
+        self.aggregator.history = dict(state.history)
+        if self.topology == "star":
+            self.aggregator_id = state.aggregator
+        # Error feedback restarts at zero: a residual is what this node had not sent of updates computed
+        # against weights it has just replaced.
+        self.residual = None
+        self.round = state.round + 1
+        await trio.to_thread.run_sync(assign_parameters, self.learner.model, self.global_flat)
+        await self._serve_snapshot(state.round)
+        self.synced = {
+            "peer": state.source, "round": state.round, "global_sha256": state.digest, "replaced_sha256": replaced,
+        }  # fmt: skip
+        log.info("state sync: global %s… of round %d from %s", state.digest[:12], state.round, state.source)
 
     def expected_peers(self, round_idx: int) -> set[str]:
-        """Active peers at or behind ``round_idx`` (they will send it), and those that already sent some."""
+        """Active peers at or behind ``round_idx`` (they will send it), and those that already sent some.
+
+        A peer still at round 0 once the federation is past its first round is joining: it starts after the
+        round in progress (``_join``) and never sends this one, so waiting for it would only hold the round to
+        its deadline."""
         assert self.transport is not None
         table = {p.peer_id: p for p in self.transport.peer_table()}
         sent = set(self.exchange.submissions.get(round_idx, {}))
-        return {p for p in self.transport.peers() if table[p].round <= round_idx or p in sent}
+
+        def will_send(peer: str) -> bool:
+            joining = table[peer].round == 0 and round_idx > 1
+            return table[peer].round <= round_idx and not joining
+
+        return {p for p in self.transport.peers() if will_send(p) or p in sent}
 
     def _setup_client(self) -> FedClient:
         """The client: its partition index and the aggregator are fixed at the first round (and checkpointed)."""
@@ -184,12 +280,25 @@ class FederatedDaemon(Daemon):
         resumed_at = self.round
         await self._join()
         if self.round > max(resumed_at, 1):
-            self._error(f"joining a federation at round {self.round}: these global weights may be behind the others'")
+            if self.topology == "decentralised":
+                # Every node must aggregate the same set of updates, and each decides whom to wait for from the
+                # heartbeats it has: start one round later, so that by then all have heard at which round we
+                # start (the next round may already be under way at some of them).
+                self.round += 1
+                log.info("decentralised: starting at round %d", self.round)
+            # Keep the updates of the rounds from here on, rather than reject them as future.
+            self.exchange.advance(self.round - 1)
+            if not await self._sync(self.round - 1):
+                self._error(
+                    f"joining a federation at round {self.round}: no peer served its global weights; "
+                    "these may be behind the others'"
+                )
         self.state = "running"
         self.round = max(self.round, 1)
         self.client = self._setup_client()
         while s.max_rounds is None or self.rounds_done < s.max_rounds:
             await self._federated_round(self.client, self.round)
+            await self._serve_snapshot(self.round)
             self.rounds_done += 1
             self.round += 1
             self.replay.save(self.replay_path)

@@ -79,6 +79,8 @@ def node_overrides(
         sets.append(f"model.name='{EMBEDDED_MODELS[index % len(EMBEDDED_MODELS)]}'")
     if mode == "federated":  # one client per node; node i trains on partition i
         sets += ["mode='federated'", f"federated.clients={n}", f"federation.client_index={index}"]
+        # the shipped fed-* scenarios' local optimizer (their comment says why: top-k keeps SGD's updates)
+        sets += ["learner.optimizer='sgd'", "learner.momentum=0.9", "learner.lr=0.01"]
     if defense:
         sets.append(f"defense.chain={json.dumps(defense)}")
         if needs_seeded_sampler(defense):

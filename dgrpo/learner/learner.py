@@ -92,8 +92,9 @@ class Learner:
             "adamw": torch.optim.AdamW,
             "sgd": torch.optim.SGD,
         }
+        extra = {"momentum": learner_cfg.momentum} if learner_cfg.optimizer == "sgd" else {}
         self.optimizer = optimizers[learner_cfg.optimizer](
-            params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay
+            params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay, **extra
         )
         self.model_id = model_cfg.name
 

@@ -13,6 +13,9 @@ with the behaviours that lose messages silently worked around (``shared/notes/li
 - Adaptive gossip is off: after a quiet minute it moves the heartbeat to 30-60 s.
 - Closing flushes: py-libp2p has no flush, and a peer drops what it received but had not read yet when the
   connection closes. We wait for our queues to drain, then for a read receipt from every peer.
+- Writes to a peer's stream are serialized per RPC (py-libp2p interleaves large ones when a peer connects),
+  and a malformed RPC closes that peer's stream instead of killing the node.
+- Request/response streams beside gossipsub (:mod:`dgrpo.net.streams`): ``serve_streams`` and ``open_stream``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import contextvars
 import logging
 import secrets
 import time
+import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, Self
@@ -30,8 +34,10 @@ from typing import Annotated, Any, Self
 import libp2p
 import multihash
 import trio
+from google.protobuf.message import DecodeError
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
@@ -41,6 +47,7 @@ from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dgrpo.errors import DgrpoError
+from dgrpo.net.streams import Stream, StreamError, StreamHandler
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +167,7 @@ class _Pubsub(Pubsub):
     def __init__(self, *args: Any, deliver: Callable[[rpc_pb2.Message, ID | None], None], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deliver = deliver
+        self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         token = _FORWARDER.set(msg_forwarder)
@@ -178,6 +186,31 @@ class _Pubsub(Pubsub):
         if self.is_peer_blacklisted(origin_id):
             return
         super().handle_subscription(origin_id, sub_message)
+
+    async def write_msg(self, stream: Any, rpc_msg: rpc_pb2.RPC) -> bool:
+        """One RPC at a time per stream. py-libp2p 0.8.1 writes to a peer's stream from its sending task and,
+        when the peer connects, directly (``flush_pending_messages``, ``send_recent_messages``); yamux locks
+        each 64 KiB frame, not the whole write, so two RPCs longer than the send window interleave and the
+        peer reads garbage. A late joiner of a federation (128 KiB update chunks in the message cache) got
+        exactly that and died of the DecodeError below, every time."""
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
+        async with lock:
+            ok: bool = await super().write_msg(stream, rpc_msg)
+            return ok
+
+    async def stream_handler(self, stream: Any) -> None:
+        """py-libp2p 0.8.1 closes a peer's stream on a bad length prefix but lets a protobuf DecodeError escape,
+        which takes down the connection's tasks and the node: one malformed RPC from any peer was fatal."""
+        try:
+            await super().stream_handler(stream)
+        except DecodeError:
+            peer_id = stream.muxed_conn.peer_id
+            logger.warning("malformed pubsub RPC from %s: closing its stream", peer_id)
+            with suppress(Exception):
+                await stream.reset()
+            self._handle_dead_peer(peer_id)
 
     async def _teardown_if_connected(self, peer_id: ID) -> None:
         """py-libp2p 0.8.1's version (run by ``add_to_blacklist``) resets the peer's stream and then does
@@ -230,6 +263,18 @@ def _peer_id(peer_id: str) -> ID:
         return peer
     except Exception as error:
         raise GossipError(f"not a peer id: {peer_id!r}") from error
+
+
+def _dial_addrs(peer: ID, addrs: Sequence[str]) -> list[Multiaddr]:
+    """The transport addresses of ``addrs`` (as heartbeats announce them, ``.../p2p/<id>``) that name ``peer``;
+    unparsable ones are skipped: they come from the network."""
+    out: list[Multiaddr] = []
+    for addr in addrs:
+        with suppress(Exception):
+            info = info_from_p2p_addr(Multiaddr(addr))
+            if info.peer_id == peer:
+                out.extend(info.addrs)
+    return out
 
 
 def _queue_idle(queue: Any) -> bool:
@@ -402,6 +447,36 @@ class GossipNode:
         if queue is not None:
             queue.close()
         await self._host.disconnect(peer)
+
+    # ----------------------------------------------------------------- request/response streams
+    def serve_streams(self, protocol: str, handler: StreamHandler) -> None:
+        """Answer streams of ``protocol`` with ``handler`` (one task per stream, run by the host). An exception
+        in the handler is logged and the stream reset: it must not reach libp2p's connection tasks."""
+
+        async def on_stream(raw: Any) -> None:
+            stream = Stream(raw, raw.muxed_conn.peer_id.to_base58())
+            try:
+                await handler(stream)
+            except Exception:
+                logger.warning("serving %s to %s failed", protocol, stream.peer, exc_info=True)
+                await stream.reset()
+
+        self._host.set_stream_handler(TProtocol(protocol), on_stream)
+
+    async def open_stream(self, peer_id: str, protocol: str, addrs: Sequence[str] = ()) -> Stream:
+        """A new stream of ``protocol`` to ``peer_id``, dialling it first at ``addrs`` (multiaddrs ending in
+        ``/p2p/<peer_id>``; others are ignored) when we are not connected. :class:`StreamError` on failure."""
+        try:
+            peer = _peer_id(peer_id)
+            if peer not in self._host.get_connected_peers():
+                dial = _dial_addrs(peer, addrs)
+                if dial:
+                    with trio.fail_after(self.config.dial_timeout):
+                        await self._host.connect(PeerInfo(peer, dial))
+            raw = await self._host.new_stream(peer, [TProtocol(protocol)])
+        except Exception as error:  # unreachable, protocol not supported, a dial timeout, a bad peer id
+            raise StreamError(f"cannot open {protocol} to {peer_id}: {type(error).__name__}: {error}") from error
+        return Stream(raw, peer_id)
 
     def _deliver(self, msg: rpc_pb2.Message, forwarder: ID | None) -> None:
         via = None if forwarder is None or forwarder == self._host.get_id() else forwarder.to_base58()

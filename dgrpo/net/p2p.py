@@ -35,6 +35,7 @@ class PeerInfo:
     rounds_done: int
     status: str
     last_seen: float
+    listen_addrs: tuple[str, ...] = ()  # as announced: where to dial it for a stream (federated state sync)
 
 
 class Libp2pTransport(Transport):
@@ -158,7 +159,10 @@ class Libp2pTransport(Transport):
             if env is None or not isinstance(env.body, HeartbeatBody):
                 continue
             author = to_peer_id(env)
-            self._peers[author] = PeerInfo(author, env.body.round, env.body.rounds_done, env.body.status, time.time())
+            body = env.body
+            self._peers[author] = PeerInfo(
+                author, body.round, body.rounds_done, body.status, time.time(), body.listen_addrs
+            )
 
     # ----------------------------------------------------------------- Transport
     async def publish(self, rollout: Rollout) -> None:
