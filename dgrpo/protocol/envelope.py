@@ -24,7 +24,7 @@ from dgrpo.protocol.messages import Rollout, SamplingParams, SplitMode
 from dgrpo.protocol.nonce import NONCE_LIMIT, NonceSource
 from dgrpo.protocol.topics import RUN_ID_PATTERN, validate_run_id
 from dgrpo.protocol.update_bodies import GlobalBody, UpdateBody
-from dgrpo.protocol.wire import WireModel
+from dgrpo.protocol.wire import WireModel, strict_unpack
 
 PROTOCOL_VERSION: Final = 1
 DOMAIN_TAG = b"dgrpo/envelope/1\x00"  # separates these signatures from any other use of the same key
@@ -170,14 +170,6 @@ def encode(envelope: Envelope) -> bytes:
     return packed
 
 
-def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    # msgpack allows duplicate map keys and decoders disagree on which wins; refuse them instead.
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate map key")
-    return out
-
-
 def _schema_detail(error: ValidationError, limit: int = 3) -> str:
     # Without input values: hostile input must not end up verbatim (and unbounded) in logs.
     parts = []
@@ -199,18 +191,12 @@ def decode(data: bytes, limits: Limits | None = None) -> Envelope:
     if len(data) > limits.max_message_bytes:
         raise ProtocolError("oversize", f"{len(data)} bytes > {limits.max_message_bytes}")
     try:
-        obj = msgpack.unpackb(
+        obj = strict_unpack(
             data,
-            raw=False,  # str -> str (invalid UTF-8 fails), bin -> bytes
-            use_list=False,  # arrays -> tuples, which strict pydantic accepts for tuple fields
-            strict_map_key=True,
-            object_pairs_hook=_pairs_to_dict,
-            max_bin_len=limits.max_message_bytes,  # bin fields: author, sig, and update chunks
-            max_str_len=limits.max_message_bytes,
+            max_bytes=limits.max_message_bytes,  # bin fields: author, sig, and update chunks
             # generous, so that too many completions is reported as such; a huge declared array fails here
             max_array_len=max(4 * limits.max_completions, 64),
             max_map_len=_MAX_MAP_LEN,
-            max_ext_len=0,
         )
     except Exception as e:  # msgpack raises ValueError, UnicodeDecodeError, StackError, ...; all mean malformed
         raise ProtocolError("malformed", f"{type(e).__name__}: {str(e)[:200]}") from None

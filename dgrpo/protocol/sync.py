@@ -27,7 +27,7 @@ from dgrpo.errors import DgrpoError
 from dgrpo.protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_from_public_bytes
 from dgrpo.protocol.topics import RUN_ID_PATTERN, validate_run_id
 from dgrpo.protocol.update_bodies import MAX_CLIENT_CHARS, MAX_CLIENTS, SHA256_BYTES
-from dgrpo.protocol.wire import WireModel
+from dgrpo.protocol.wire import WireModel, strict_unpack
 
 SYNC_VERSION: Final = 1
 DOMAIN_TAG = b"dgrpo/fed-sync/1\x00"  # not the envelope's tag: neither signature passes for the other
@@ -191,28 +191,10 @@ def header_length(prefix: bytes) -> int:
     return length
 
 
-def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate map key")
-    return out
-
-
 def decode_header(data: bytes) -> SyncHeader:
     """Parse a header (without its length prefix); :class:`SyncRejected` ``sync_malformed`` on any error."""
     try:
-        obj = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=False,
-            strict_map_key=True,
-            object_pairs_hook=_pairs_to_dict,
-            max_bin_len=MAX_HEADER_BYTES,
-            max_str_len=MAX_HEADER_BYTES,
-            max_array_len=MAX_CLIENTS,
-            max_map_len=32,
-            max_ext_len=0,
-        )
+        obj = strict_unpack(data, max_bytes=MAX_HEADER_BYTES, max_array_len=MAX_CLIENTS, max_map_len=32)
         if not isinstance(obj, dict):
             raise ValueError(f"top level is a {type(obj).__name__}, not a map")
         return SyncHeader.model_validate(obj)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 from pydantic import model_validator
 
 from dgrpo.protocol.messages import StrictModel
@@ -32,3 +33,29 @@ class WireModel(StrictModel):
                 if floats and any(type(v) is not float for v in data[name]):
                     raise ValueError(f"{name} must hold floats (msgpack float 64)")
         return data
+
+
+def _pairs_to_dict(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    # msgpack allows duplicate map keys and decoders disagree on which wins; refuse them instead.
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate map key")
+    return out
+
+
+def strict_unpack(data: bytes, max_bytes: int, max_array_len: int, max_map_len: int) -> Any:
+    """msgpack as every dgrpo message is read: str is valid UTF-8, bin is bytes, arrays are tuples (which strict
+    pydantic accepts for tuple fields), map keys are str or bytes and never repeat, no ext types, and no
+    declared length beyond the given bounds. Raises whatever msgpack raises; callers turn it into a verdict."""
+    return msgpack.unpackb(
+        data,
+        raw=False,
+        use_list=False,
+        strict_map_key=True,
+        object_pairs_hook=_pairs_to_dict,
+        max_bin_len=max_bytes,
+        max_str_len=max_bytes,
+        max_array_len=max_array_len,
+        max_map_len=max_map_len,
+        max_ext_len=0,
+    )
