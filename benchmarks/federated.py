@@ -48,8 +48,8 @@ ROWS: list[tuple[str, str, list[str]]] = [
     ("dense Fed-GRPO (40 rounds)", "fed-avg", [*DENSE_FED_GRPO, "rounds=40"]),
     ("Fed-GRPO 1/32 (40 rounds)", "fed-grpo", ["rounds=40"]),
     ("Fed-GRPO 1/640 (40 rounds)", "fed-grpo", ["federated.sparsity.budget=0.0015625", "rounds=40"]),
-    # Split by digit count, where the clients' signals differ more (round 1: client 0's reward std 0.22, the
-    # others' 0.36 to 0.41).
+    # Split by digit count, where the clients' signals differ more (round 1, seed 0: client 0's reward std 0.22,
+    # the others' 0.36 to 0.41).
     ("FedAvg (arith-digits)", "fed-avg", ["federated.partition=arith-digits"]),
     ("dense Fed-GRPO (arith-digits)", "fed-avg", [*DENSE_FED_GRPO, "federated.partition=arith-digits"]),
     ("Fed-GRPO 1/32 (arith-digits)", "fed-grpo", ["federated.partition=arith-digits"]),
