@@ -5,6 +5,7 @@ and one exchange over real libp2p streams."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -255,6 +256,21 @@ def test_unreachable_peer_and_missing_protocol() -> None:
 
     run(test)
     assert counts.seen == [("sync_unavailable", BOB.peer_id)]
+
+
+def test_a_repeated_rejection_is_counted_each_time_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    counts = Counts()
+
+    async def test(nursery: trio.Nursery) -> None:
+        c = client(nursery, {}, counts)
+        for _ in range(3):  # a joiner polls an unreachable source every POLL_SECONDS
+            assert await c.head(BOB.peer_id) is None
+
+    with caplog.at_level(logging.DEBUG, logger="dgrpo.daemon"):
+        run(test)
+    assert counts.seen == [("sync_unavailable", BOB.peer_id)] * 3
+    levels = [r.levelno for r in caplog.records if "state sync from" in r.getMessage()]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
 
 
 # ----------------------------------------------------------------- serving

@@ -192,6 +192,7 @@ class SyncClient:
         self.reject = reject
         self.head_timeout = head_timeout
         self.weights_timeout = weights_timeout
+        self._logged: set[tuple[str, str]] = set()  # (peer, reason) already logged as a warning
 
     async def head(self, peer: str, aggregator: str | None = None) -> SyncHeader | None:
         """``peer``'s checked header, or None (rejection counted)."""
@@ -249,7 +250,11 @@ class SyncClient:
         return header, data
 
     def _rejected(self, peer: str, rejected: SyncRejected) -> None:
-        log.warning("state sync from %s rejected: %s", peer, rejected)
+        # Every rejection is counted; a source that stays unreachable is polled every POLL_SECONDS, so the
+        # log says each (peer, reason) once as a warning and the repeats at debug level.
+        first = (peer, rejected.reason) not in self._logged
+        self._logged.add((peer, rejected.reason))
+        log.log(logging.WARNING if first else logging.DEBUG, "state sync from %s rejected: %s", peer, rejected)
         self.reject(rejected.reason, peer)
 
 
