@@ -249,3 +249,20 @@ def test_attacks() -> None:
     assert build_attack("sign-flip").update(torch.tensor([1.0])).tolist() == [-1.0]
     with pytest.raises(ConfigError, match="federated attack 'scale'"):
         build_attack("scale", {"std": 1})
+
+
+def test_base_agreement_worked_example() -> None:
+    from dgrpo.federated.agreement import agree
+
+    a, b, c = b"a" * 32, b"b" * 32, b"c" * 32
+    # the docstring's example: two of three peers trained from b; this node (a) is the odd one
+    out = agree(a, {"n1": a, "n2": b, "n3": b})
+    assert out.stale == {"n2", "n3"} and out.majority == b and out.diverged
+    # a tie (its own update counted) keeps its own weights: one peer cannot make another re-sync
+    tie = agree(a, {"me": a, "n2": b})
+    assert tie.stale == {"n2"} and tie.majority == a and not tie.diverged
+    # everyone agrees: nothing stale
+    assert agree(a, {"me": a, "n2": a}) == type(out)(frozenset(), a, False)
+    # two other bases tied with each other and ahead of ours: the smaller one, on every node alike
+    split = agree(a, {"me": a, "n2": c, "n3": c, "n4": b, "n5": b})
+    assert split.diverged and split.majority == b and split.stale == {"n2", "n3", "n4", "n5"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,39 @@ def test_state_sync_serves_and_takes_over_the_global_state(tmp_path: Path) -> No
     assert d.aggregator.history == {"peerB": 0.5} and d.residual is None  # error feedback restarts at zero
     assert d.synced == {"peer": "src", "round": 7, "global_sha256": digest(weights), "replaced_sha256": old}
     assert d.sync_server.snapshot is not None and d.sync_server.snapshot.round == 7  # it serves what it took
-    assert d.snapshot()["federated"]["sync"] == {"served": 0, "joined_from": d.synced}
+    assert d.snapshot()["federated"]["sync"] == {
+        "served": 0, "joined_from": d.synced, "resyncs": 0, "last_resync": None,
+    }  # fmt: skip
+
+
+def test_a_diverged_node_takes_the_state_over_and_says_so(tmp_path: Path) -> None:
+    from dgrpo.daemon.fed_sync import GlobalState
+    from dgrpo.federated.sparse import ErrorFeedback
+
+    sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='decentralised'")
+    d = FederatedDaemon(load_node_settings(None, sets))
+    d.client = types.SimpleNamespace(feedback=ErrorFeedback(d.model_size, torch.ones(d.model_size)))  # type: ignore[assignment]
+    d.synced = {"peer": "first-join"}
+    old = d.global_digest
+    weights = torch.linspace(-1, 1, d.model_size)
+    state = GlobalState(4, weights, digest(weights), None, None, {}, "src")
+
+    async def fake_sync(target: int) -> GlobalState:
+        assert target == 4
+        await d._adopt(state, target)
+        return state
+
+    d._sync = fake_sync  # type: ignore[method-assign]
+    d.round = 5  # the loop moved on to the next round before re-syncing
+    trio.run(d._resync, 4)
+    assert d.round == 5 and torch.equal(d.global_flat, weights)
+    assert d.client is not None and int(d.client.feedback.residual.count_nonzero()) == 0  # residual reset
+    assert d.synced == {"peer": "first-join"}  # a re-sync is not a join
+    sync = d.snapshot()["federated"]["sync"]
+    assert sync["resyncs"] == 1
+    assert sync["last_resync"] == {
+        "round": 4, "peer": "src", "replaced_sha256": old, "global_sha256": digest(weights), "ok": True,
+    }  # fmt: skip
 
 
 def test_a_joining_peer_is_not_waited_for_after_the_first_round(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ BOB = Identity.from_seed(bytes([2]) * 32)
 CAROL = Identity.from_seed(bytes([3]) * 32)
 SIZE = 50_000
 STATS = ClientStats(0.25, 0.125, 16, 4)
+BASE = hashlib.sha256(b"the global weights of the previous round").digest()
 
 
 def signer(tmp_path: Path, ident: Identity, **limits: Any) -> Signer:
@@ -50,7 +51,7 @@ def an_update(k: int = 5_000, seed: int = 0) -> SparseUpdate:
 
 
 def update_messages(s: Signer, payload: bytes, round_idx: int = 1, chunk_bytes: int = 4096) -> list[bytes]:
-    bodies = update_chunks(payload, STATS.mean, STATS.std, STATS.samples, STATS.groups, chunk_bytes)
+    bodies = update_chunks(payload, STATS.mean, STATS.std, STATS.samples, STATS.groups, chunk_bytes, base=BASE)
     return [s.sign_chunk(b, round_idx) for b in bodies]
 
 
@@ -100,10 +101,10 @@ def test_update_round_trip_in_chunks(tmp_path: Path) -> None:
 def test_default_chunks_stay_under_the_message_limit(tmp_path: Path) -> None:
     dense = encode(top_k(torch.randn(400_000), 400_000))  # 1.6 MB: over the 1 MiB message limit as one piece
     s = signer(tmp_path, ALICE)
-    messages = [s.sign_chunk(b, 1) for b in update_chunks(dense, 0.5, 0.1, 8, 2)]
+    messages = [s.sign_chunk(b, 1) for b in update_chunks(dense, 0.5, 0.1, 8, 2, base=BASE)]
     assert len(messages) == 13 and all(len(m) < Limits().max_message_bytes for m in messages)
     with pytest.raises(ProtocolError) as err:  # one piece is refused at the sender
-        s.sign_chunk(update_chunks(dense, 0.5, 0.1, 8, 2, chunk_bytes=len(dense))[0], 1)
+        s.sign_chunk(update_chunks(dense, 0.5, 0.1, 8, 2, chunk_bytes=len(dense), base=BASE)[0], 1)
     assert err.value.reason == "oversize"
 
 
@@ -112,7 +113,7 @@ def test_global_round_trip_and_wrong_aggregator(tmp_path: Path) -> None:
     delta[::7] = 0.5
     payload = encode(sparse_of(delta))
     weights = {ALICE.peer_id: 0.75, BOB.peer_id: 0.25}
-    bodies = global_chunks(payload, 0.4, 0.2, sorted(weights), [weights[c] for c in sorted(weights)], 4096)
+    bodies = global_chunks(payload, 0.4, 0.2, sorted(weights), [weights[c] for c in sorted(weights)], 4096, base=BASE)
     rx = Receiver(tmp_path, aggregator=ALICE.peer_id)
     forged = [signer(tmp_path, BOB).sign_chunk(b, 1) for b in bodies]
     assert all(rx.receive(m, "global") is None for m in forged)
@@ -147,16 +148,17 @@ def _resign(s: Signer, body: UpdateBody, **changes: Any) -> bytes:
 def test_hostile_chunks_get_reason_codes(tmp_path: Path) -> None:
     s = signer(tmp_path, ALICE)
     payload = encode(an_update())
-    bodies = update_chunks(payload, STATS.mean, STATS.std, STATS.samples, STATS.groups, 4096)
+    bodies = update_chunks(payload, STATS.mean, STATS.std, STATS.samples, STATS.groups, 4096, base=BASE)
     rx = Receiver(tmp_path)
     assert rx.receive(s.sign_chunk(bodies[0], 1)) is None
     assert rx.receive(s.sign_chunk(bodies[0], 1)) is None  # a fresh nonce: passes the replay check, not reassembly
     assert rx.receive(_resign(s, bodies[1], std=0.9)) is None  # statistics differ from the first chunk
     assert rx.receive(_resign(s, bodies[1], sha256=bytes(32))) is None
-    assert rx.rejected() == {"duplicate_chunk": 1, "chunk_mismatch": 2}
+    assert rx.receive(_resign(s, bodies[1], base=bytes(32))) is None  # trained from other weights than chunk 0
+    assert rx.rejected() == {"duplicate_chunk": 1, "chunk_mismatch": 3}
 
     # wrong hash: every chunk consistent, the whole does not match
-    bad = update_chunks(payload, 0.1, 0.1, 1, 1, 4096)
+    bad = update_chunks(payload, 0.1, 0.1, 1, 1, 4096, base=BASE)
     mallory = signer(tmp_path, BOB)
     for b in bad:
         body = b.model_copy(update={"sha256": hashlib.sha256(b"other").digest()})
@@ -170,12 +172,16 @@ def test_hostile_chunks_get_reason_codes(tmp_path: Path) -> None:
             assert rx.receive(m) is None
     assert rx.rejected()["bad_update"] == 2
     by_author = rx.exchange.reassembler.statistics().rejected_by_author
-    assert by_author[ALICE.peer_id] == 3 and by_author[BOB.peer_id] == 1
+    assert by_author[ALICE.peer_id] == 4 and by_author[BOB.peer_id] == 1
+    # the rest of Alice's update completes it, and the exchange keeps the base it names
+    for b in bodies[1:]:
+        rx.receive(s.sign_chunk(b, 1))
+    assert ALICE.peer_id in rx.exchange.received(1) and rx.exchange.bases[1] == {ALICE.peer_id: BASE}
 
 
 def test_reassembly_rounds_sizes_and_buffer() -> None:
     payload = bytes(range(256)) * 40
-    bodies = update_chunks(payload, 0.5, 0.1, 4, 1, chunk_bytes=1024)
+    bodies = update_chunks(payload, 0.5, 0.1, 4, 1, chunk_bytes=1024, base=BASE)
     r = Reassembler(Limits(rounds_ahead=1), max_buffered_bytes=3000)
     r.advance(5)
     assert r.add("update", "a", 4, bodies[0]) is None and r.add("update", "a", 7, bodies[0]) is None
@@ -192,7 +198,7 @@ def test_reassembly_rounds_sizes_and_buffer() -> None:
     # closing the round frees the buffer; a complete update comes out once, a second copy is a duplicate
     r.advance(6)
     out = [r.add("update", "c", 6, bodies[0])]
-    small = update_chunks(b"x" * 1500, 0.5, 0.1, 4, 1, chunk_bytes=1024)
+    small = update_chunks(b"x" * 1500, 0.5, 0.1, 4, 1, chunk_bytes=1024, base=BASE)
     done = [r.add("update", "d", 6, b) for b in small]
     assert out == [None] and done[0] is None and done[1] is not None and done[1].payload == b"x" * 1500
     assert r.add("update", "d", 6, small[0]) is None
@@ -206,13 +212,14 @@ def test_reassembly_rounds_sizes_and_buffer() -> None:
         {"mean": float("nan")},
         {"std": 1},  # an int where a float 64 is required
         {"sha256": b"\x00" * 31},
+        {"base": b"\x00" * 33},
         {"data": b""},
         {"data": b"x" * 20, "size": 10},  # a chunk longer than the whole
         {"extra": 1},
     ],
 )
 def test_update_body_schema(tmp_path: Path, change: dict[str, Any]) -> None:
-    body = update_chunks(b"x" * 100, 0.5, 0.1, 4, 1)[0]
+    body = update_chunks(b"x" * 100, 0.5, 0.1, 4, 1, base=BASE)[0]
     data = signer(tmp_path, ALICE).sign_chunk(body, 1)
     wire = msgpack.unpackb(data, raw=False)
     wire["body"] |= change
@@ -223,12 +230,12 @@ def test_update_body_schema(tmp_path: Path, change: dict[str, Any]) -> None:
 def test_global_body_needs_one_weight_per_client() -> None:
     with pytest.raises(ValueError):
         GlobalBody(
-            chunk=0, chunks=1, size=1, sha256=bytes(32), mean=0.0, std=0.0, clients=("a", "b"), weights=(1.0,),
-            data=b"x",
+            chunk=0, chunks=1, size=1, sha256=bytes(32), base=BASE, mean=0.0, std=0.0, clients=("a", "b"),
+            weights=(1.0,), data=b"x",
         )  # fmt: skip
     wire: dict[str, Any] = {
-        "chunk": 0, "chunks": 1, "size": 1, "sha256": bytes(32), "mean": 0.0, "std": 0.0, "clients": ["a"],
-        "weights": [1], "data": b"x",
+        "chunk": 0, "chunks": 1, "size": 1, "sha256": bytes(32), "base": BASE, "mean": 0.0, "std": 0.0,
+        "clients": ["a"], "weights": [1], "data": b"x",
     }  # fmt: skip
     with pytest.raises(ValueError):
         GlobalBody.model_validate(wire)
@@ -250,8 +257,8 @@ def test_publish_paces_chunks_through_the_transport(tmp_path: Path) -> None:
     payload = encode(an_update())
 
     async def main() -> None:
-        await ex.publish_update(2, STATS, payload)
-        await ex.publish_global(2, GlobalStats(0.5, 0.1), {BOB.peer_id: 1.0}, payload)
+        await ex.publish_update(2, STATS, payload, BASE)
+        await ex.publish_global(2, GlobalStats(0.5, 0.1), {BOB.peer_id: 1.0}, payload, BASE)
 
     trio.run(main)
     chunks = -(-len(payload) // 4096)

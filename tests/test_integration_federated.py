@@ -165,3 +165,47 @@ def test_late_joiner_syncs_the_global_weights_star(tmp_path: Path) -> None:
 def test_late_joiner_syncs_the_global_weights_decentralised(tmp_path: Path) -> None:
     first, joiner = run_late_join(tmp_path, "decentralised")
     check_late_joiner(first, joiner)
+
+
+@pytest.mark.parametrize("topology", ["decentralised", "star"])
+def test_a_node_that_diverged_takes_the_federations_weights_over(tmp_path: Path, topology: str) -> None:
+    """Node 2 starts from other initial weights (its LoRA adapters drawn with another seed). Its round-1
+    update names a base nobody else holds: the aggregating nodes leave it out (stale_base), and node 2 finds
+    out (decentralised: most updates name another base; star: the global update does) and takes the state
+    of round 1 over from its peers; from round 2 all agree."""
+    extra = [
+        f"federated.topology='{topology}'", *SMALL, "model.lora={r=4}",
+        f"federation.aggregator='{node_identity(tmp_path / 'node-0').peer_id}'",
+    ]  # fmt: skip
+    nodes: list[NetNode] = []
+    try:
+        for i in range(3):
+            own = ["learner.seed=7"] if i == 2 else []
+            bootstrap = [tcp_address(nd) for nd in nodes]
+            nodes.append(launch_node(i, 3, tmp_path, ROUNDS, bootstrap, mode="federated", extra=[*extra, *own]))
+        assert wait_rounds(nodes, ROUNDS, lambda statuses: None, timeout=150)
+    finally:
+        assert stop_nodes(nodes), "every daemon exits 0 on SIGTERM"
+    logs = [rounds_log(nd)[:ROUNDS] for nd in nodes]
+    odd = nodes[2].peer_id
+    aggregating = [0, 1] if topology == "decentralised" else [0]
+    first = [log[0] for log in logs]
+    assert [row["diverged"] for row in first] == [False, False, True]
+    for i in aggregating:  # its update was left out, not added to their weights
+        assert first[i]["stale"] == [odd] and odd not in first[i]["clients"]
+    assert first[0]["global_sha256"] == first[1]["global_sha256"]
+    assert first[2]["global_sha256"] != first[0]["global_sha256"]  # before the re-sync it was elsewhere
+    for r in range(1, ROUNDS):
+        rows = [log[r] for log in logs]
+        assert len({row["global_sha256"] for row in rows}) == 1, f"global weights differ after round {r + 1}"
+        assert all(row["clients"] == sorted(nd.peer_id for nd in nodes) and not row.get("stale") for row in rows)
+    statuses = [json.loads((nd.state_dir / "status.json").read_text()) for nd in nodes]
+    resync = statuses[2]["federated"]["sync"]
+    assert resync["resyncs"] == 1 and resync["last_resync"]["ok"] and resync["last_resync"]["round"] == 1
+    assert resync["last_resync"]["global_sha256"] == first[0]["global_sha256"]
+    assert resync["joined_from"] is None  # it started with the others; it re-synced, it did not join
+    for i, st in enumerate(statuses[:2]):
+        expected = ({"stale_base": 1}, {odd: 1}) if i in aggregating else ({}, {})
+        assert (st["round_rejections"], st["round_rejections_by_peer"]) == expected
+        assert st["federated"]["sync"]["resyncs"] == 0
+    assert len({st["weights_sha256"] for st in statuses}) == 1

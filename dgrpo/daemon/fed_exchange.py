@@ -42,6 +42,7 @@ class ReceivedGlobal:
     stats: GlobalStats
     weights: dict[str, float]
     delta: torch.Tensor  # dense float32: global <- global + delta
+    base: bytes  # SHA-256 of the global weights the aggregator added it to
 
 
 def sparse_of(delta: torch.Tensor) -> SparseUpdate:
@@ -79,6 +80,7 @@ class UpdateExchange:
         self.global_topic = global_topic(run_id)
         self._publish = publish
         self.submissions: dict[int, dict[str, Submission]] = {}
+        self.bases: dict[int, dict[str, bytes]] = {}  # round -> author -> the global weights' hash it trained from
         self.globals: dict[int, ReceivedGlobal] = {}
         self.bytes_sent = 0
         self.messages_sent = 0
@@ -107,17 +109,20 @@ class UpdateExchange:
             self.messages_sent += 1
         return sum(map(len, messages))
 
-    async def publish_update(self, round_idx: int, stats: ClientStats, payload: bytes) -> int:
-        """Sign and publish this node's update for ``round_idx`` as chunks; returns the wire bytes sent."""
-        bodies = update_chunks(payload, stats.mean, stats.std, stats.samples, stats.groups, self.chunk_bytes)
+    async def publish_update(self, round_idx: int, stats: ClientStats, payload: bytes, base: bytes) -> int:
+        """Sign and publish this node's update for ``round_idx``, computed against the global weights hashing
+        to ``base``, as chunks; returns the wire bytes sent."""
+        bodies = update_chunks(payload, stats.mean, stats.std, stats.samples, stats.groups, self.chunk_bytes, base=base)
         return await self._send(self.update_topic, [self.signer.sign_chunk(b, round_idx) for b in bodies])
 
     async def publish_global(
-        self, round_idx: int, stats: GlobalStats, weights: dict[str, float], payload: bytes
+        self, round_idx: int, stats: GlobalStats, weights: dict[str, float], payload: bytes, base: bytes
     ) -> int:
-        """Sign and publish the aggregated update of ``round_idx`` (star topology, the aggregator only)."""
+        """Sign and publish the aggregated update of ``round_idx``, to be added to the global weights hashing to
+        ``base`` (star topology, the aggregator only)."""
         clients = sorted(weights)
-        bodies = global_chunks(payload, stats.mean, stats.std, clients, [weights[c] for c in clients], self.chunk_bytes)
+        values = [weights[c] for c in clients]
+        bodies = global_chunks(payload, stats.mean, stats.std, clients, values, self.chunk_bytes, base=base)
         return await self._send(self.global_topic, [self.signer.sign_chunk(b, round_idx) for b in bodies])
 
     async def wait(self, ready: Callable[[], bool], timeout: float) -> bool:
@@ -153,20 +158,23 @@ class UpdateExchange:
         if isinstance(head, UpdateBody):
             stats = ClientStats(head.mean, head.std, head.samples, head.groups)
             self.submissions.setdefault(r, {})[assembled.author] = Submission(assembled.author, r, stats, update)
+            self.bases.setdefault(r, {})[assembled.author] = head.base
         else:
             weights = dict(zip(head.clients, head.weights, strict=True))
             self.globals[r] = ReceivedGlobal(
-                r, assembled.author, GlobalStats(head.mean, head.std), weights, update.dense()
+                r, assembled.author, GlobalStats(head.mean, head.std), weights, update.dense(), head.base
             )
 
-    def add_own(self, submission: Submission) -> None:
+    def add_own(self, submission: Submission, base: bytes) -> None:
         self.submissions.setdefault(submission.round, {})[submission.client] = submission
+        self.bases.setdefault(submission.round, {})[submission.client] = base
 
     def advance(self, round_idx: int) -> None:
         """Round ``round_idx`` is open: earlier rounds' chunks are dropped from now on."""
         self.reassembler.advance(round_idx)
         for r in [r for r in self.submissions if r < round_idx]:
             del self.submissions[r]
+            self.bases.pop(r, None)
         for r in [r for r in self.globals if r < round_idx]:
             del self.globals[r]
 

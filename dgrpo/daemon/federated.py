@@ -47,6 +47,7 @@ from dgrpo.daemon.fed_sync import (
 )
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.errors import ConfigError
+from dgrpo.federated.agreement import agree
 from dgrpo.federated.attacks import build_attack
 from dgrpo.federated.client import FedClient, GlobalStats, Submission
 from dgrpo.federated.encoding import decode, encode
@@ -91,6 +92,7 @@ class FederatedDaemon(Daemon):
         self.last_round: dict[str, Any] | None = None
         self.sync_server = SyncServer(self.reassembler.reject)
         self.synced: dict[str, Any] | None = None  # where a late join took the global state from
+        self.resyncs: list[dict[str, Any]] = []  # rounds after which this node found itself diverged (last 16)
         if resume:
             self._restore()
 
@@ -152,7 +154,12 @@ class FederatedDaemon(Daemon):
             "messages_sent": self.exchange.messages_sent,
             "updates_completed": stats.completed,
             "last_round": self.last_round,
-            "sync": {"served": self.sync_server.served, "joined_from": self.synced},
+            "sync": {
+                "served": self.sync_server.served,
+                "joined_from": self.synced,
+                "resyncs": len(self.resyncs),
+                "last_resync": self.resyncs[-1] if self.resyncs else None,
+            },
         }
         return out
 
@@ -190,8 +197,8 @@ class FederatedDaemon(Daemon):
         addrs = next((p.listen_addrs for p in self.transport.peer_table() if p.peer_id == peer), ())
         return await self.gossip.open_stream(peer, sync_protocol(self.settings.run_id), addrs)
 
-    async def _sync(self, target: int) -> bool:
-        """Take over the global state of round ``target`` (or later) from peers; False if none gave a valid one.
+    async def _sync(self, target: int) -> GlobalState | None:
+        """Take over the global state of round ``target`` (or later) from peers; None if none gave a valid one.
 
         Star: from the aggregator (named by the settings, else by most peers), which must name itself.
         Decentralised (or a star whose aggregator is this node): from up to 3 peers, the weights most of them
@@ -203,10 +210,9 @@ class FederatedDaemon(Daemon):
             aggregator = named_aggregator(await client.heads(self._sync_sources(None)))
         wait = 2 * self.settings.rounds.deadline_seconds  # the round in progress ends within that
         state = await fetch_global_state(client, partial(self._sync_sources, aggregator), target, wait, aggregator)
-        if state is None:
-            return False
-        await self._adopt(state, target)
-        return True
+        if state is not None:
+            await self._adopt(state, target)
+        return state
 
     async def _adopt(self, state: GlobalState, target: int) -> None:
         if state.round < target:
@@ -221,12 +227,16 @@ class FederatedDaemon(Daemon):
         # Error feedback restarts at zero: a residual is what this node had not sent of updates computed
         # against weights it has just replaced.
         self.residual = None
+        if self.client is not None:
+            self.client.feedback = ErrorFeedback(self.model_size)
         self.round = state.round + 1
         await trio.to_thread.run_sync(assign_parameters, self.learner.model, self.global_flat)
         await self._serve_snapshot(state.round)
-        self.synced = {
+        event = {
             "peer": state.source, "round": state.round, "global_sha256": state.digest, "replaced_sha256": replaced,
         }  # fmt: skip
+        if self.client is None:  # joining; a node already running re-syncs (_resync)
+            self.synced = event
         log.info("state sync: global %s… of round %d from %s", state.digest[:12], state.round, state.source)
 
     def expected_peers(self, round_idx: int) -> set[str]:
@@ -288,7 +298,7 @@ class FederatedDaemon(Daemon):
                 log.info("decentralised: starting at round %d", self.round)
             # Keep the updates of the rounds from here on, rather than reject them as future.
             self.exchange.advance(self.round - 1)
-            if not await self._sync(self.round - 1):
+            if await self._sync(self.round - 1) is None:
                 self._error(
                     f"joining a federation at round {self.round}: no peer served its global weights; "
                     "these may be behind the others'"
@@ -297,10 +307,13 @@ class FederatedDaemon(Daemon):
         self.round = max(self.round, 1)
         self.client = self._setup_client()
         while s.max_rounds is None or self.rounds_done < s.max_rounds:
-            await self._federated_round(self.client, self.round)
-            await self._serve_snapshot(self.round)
+            diverged = await self._federated_round(self.client, self.round)
+            if not diverged:  # a diverged node does not hand its weights to joiners
+                await self._serve_snapshot(self.round)
             self.rounds_done += 1
             self.round += 1
+            if diverged:
+                await self._resync(self.round - 1)
             self.replay.save(self.replay_path)
             if self.rounds_done % self.settings.checkpoint.every == 0:
                 await trio.to_thread.run_sync(self.save_checkpoint)
@@ -309,7 +322,23 @@ class FederatedDaemon(Daemon):
         if s.linger:
             await trio.sleep_forever()
 
-    async def _federated_round(self, client: FedClient, r: int) -> None:
+    async def _resync(self, r: int) -> None:
+        """After round ``r`` this node's weights were not the ones most of its peers' updates (or the star's
+        global update) were computed against: take the state of round ``r`` over from them."""
+        before = self.global_digest
+        state = await self._sync(r)
+        event = {
+            "round": r, "peer": state.source if state else None, "replaced_sha256": before,
+            "global_sha256": self.global_digest, "ok": state is not None,
+        }  # fmt: skip
+        self.resyncs = [*self.resyncs[-15:], event]
+        if state is not None:
+            log.warning("diverged after round %d: took the federation's state %s… over", r, self.global_digest[:12])
+        else:
+            self._error(f"diverged after round {r}: no peer served the federation's state; training on apart")
+
+    async def _federated_round(self, client: FedClient, r: int) -> bool:
+        """Round ``r``; returns whether this node found its global weights differ from the federation's."""
         t0 = time.time()
         deadline = self.settings.rounds.deadline_seconds
         ex = self.exchange
@@ -319,21 +348,32 @@ class FederatedDaemon(Daemon):
         sub = await trio.to_thread.run_sync(client.submission, r, result, self.global_stats)
         payload = await trio.to_thread.run_sync(encode, sub.update)
         # What the others decode, so every aggregating node sums the same bits.
-        ex.add_own(Submission(self.peer_id, r, sub.stats, decode(payload, self.model_size)))
-        await ex.publish_update(r, sub.stats, payload)
+        base = bytes.fromhex(self.global_digest)
+        ex.add_own(Submission(self.peer_id, r, sub.stats, decode(payload, self.model_size)), base)
+        await ex.publish_update(r, sub.stats, payload, base)
         row: dict[str, Any] = {"local_mean": result.stats.mean, "local_std": result.stats.std}
+        diverged = False
         if self.is_aggregator():
             expected = self.expected_peers(r) | {self.peer_id}
             await ex.wait(lambda: expected <= set(ex.submissions.get(r, {})), deadline)
             received = ex.received(r)
+            row["missing"] = sorted(expected - set(received))
+            agreement = agree(base, ex.bases.get(r, {}))
+            for author in sorted(agreement.stale):
+                log.warning("round %d: %s's update was computed against other global weights", r, author)
+                self.reassembler.reject("stale_base", author)
+                del received[author]
+            # The star's aggregator defines the global weights; in the decentralised topology the odd one out
+            # is whoever most updates disagree with.
+            diverged = self.topology == "decentralised" and agreement.diverged
+            row["stale"] = sorted(agreement.stale)
             aggregated = await trio.to_thread.run_sync(self.aggregator.aggregate, r, list(received.values()))
             delta_payload = await trio.to_thread.run_sync(encode, sparse_of(aggregated.delta))
             if self.topology == "star":
-                await ex.publish_global(r, aggregated.stats, dict(aggregated.weights), delta_payload)
+                await ex.publish_global(r, aggregated.stats, dict(aggregated.weights), delta_payload, base)
             delta: torch.Tensor | None = decode(delta_payload, self.model_size).dense()
             stats: GlobalStats | None = aggregated.stats
             weights: dict[str, float] = dict(aggregated.weights)
-            row["missing"] = sorted(expected - set(received))
             row["clipped"] = dict(aggregated.clipped)
         else:
             arrived = await ex.wait(lambda: r in ex.globals, 2 * deadline)
@@ -341,6 +381,9 @@ class FederatedDaemon(Daemon):
             delta, stats, weights = (glob.delta, glob.stats, glob.weights) if glob else (None, None, {})
             if glob is None:
                 self._error(f"round {r}: no global update from {self.aggregator_id} in {2 * deadline:.0f}s")
+            elif glob.base != base:
+                log.warning("round %d: the aggregator's global update applies to other global weights", r)
+                diverged = True
         if delta is not None:
             self.global_flat = self.global_flat + delta
             self.global_stats = stats
@@ -365,8 +408,10 @@ class FederatedDaemon(Daemon):
         self.metrics.round.set(r)
         self.metrics.mean_reward.set(result.stats.mean)
         self.metrics.round_seconds.set(row["seconds"])
+        row["diverged"] = diverged
         if row.get("missing"):
             self._error(f"round {r} closed at its deadline without {row['missing']}")
         with (self.settings.state_dir / "rounds.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         log.info("federated round %s", json.dumps(row))
+        return diverged

@@ -30,9 +30,9 @@ REASSEMBLY_REASONS = (
     "buffer_full",
     "bad_hash",
 )
-DAEMON_REASONS = ("wrong_aggregator", "bad_update")
+DAEMON_REASONS = ("wrong_aggregator", "bad_update", "stale_base")
 FEDERATED_REASONS = REASSEMBLY_REASONS + DAEMON_REASONS
-_HEAD_FIELDS = ("chunks", "size", "sha256", "mean", "std", "samples", "groups", "clients", "weights")
+_HEAD_FIELDS = ("chunks", "size", "sha256", "base", "mean", "std", "samples", "groups", "clients", "weights")
 
 Key = tuple[str, str, int]  # (kind, author, round)
 
@@ -46,23 +46,32 @@ def split_payload(payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> lis
     return [payload[i : i + chunk_bytes] for i in range(0, len(payload), chunk_bytes)]
 
 
-def frames(payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[dict[str, Any]]:
-    """The fields every chunk body shares: its index, the count, the payload's size and hash, its piece."""
+def frames(payload: bytes, base: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[dict[str, Any]]:
+    """The fields every chunk body shares: its index, the count, the payload's size and hash, the global
+    weights' hash it applies to, its piece."""
     pieces = split_payload(payload, chunk_bytes)
     sha = hashlib.sha256(payload).digest()
     return [
-        {"chunk": i, "chunks": len(pieces), "size": len(payload), "sha256": sha, "data": piece}
+        {"chunk": i, "chunks": len(pieces), "size": len(payload), "sha256": sha, "base": base, "data": piece}
         for i, piece in enumerate(pieces)
     ]
 
 
 def update_chunks(
-    payload: bytes, mean: float, std: float, samples: int, groups: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    payload: bytes,
+    mean: float,
+    std: float,
+    samples: int,
+    groups: int,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    *,
+    base: bytes,
 ) -> list[UpdateBody]:
-    """The bodies of a client's update: every chunk carries the payload's size, hash and the statistics."""
+    """The bodies of a client's update computed against the global weights hashing to ``base``: every chunk
+    carries the payload's size, hash, ``base`` and the statistics."""
     return [
         UpdateBody(**frame, mean=float(mean), std=float(std), samples=samples, groups=groups)
-        for frame in frames(payload, chunk_bytes)
+        for frame in frames(payload, base, chunk_bytes)
     ]
 
 
@@ -73,8 +82,11 @@ def global_chunks(
     clients: Sequence[str],
     weights: Sequence[float],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    *,
+    base: bytes,
 ) -> list[GlobalBody]:
-    """The bodies of the aggregator's global update: the aggregated delta, statistics, clients and weights."""
+    """The bodies of the aggregator's global update, to be added to the global weights hashing to ``base``:
+    the aggregated delta, statistics, clients and weights."""
     return [
         GlobalBody(
             **frame,
@@ -83,7 +95,7 @@ def global_chunks(
             clients=tuple(clients),
             weights=tuple(float(w) for w in weights),
         )
-        for frame in frames(payload, chunk_bytes)
+        for frame in frames(payload, base, chunk_bytes)
     ]
 
 

@@ -2,9 +2,10 @@
 
 A payload (a sparse update encoded by :mod:`dgrpo.federated.encoding`, opaque here) is cut into ``chunks``
 pieces of at most the sender's chunk size so that every wire message stays under ``max_message_bytes``;
-each chunk repeats the payload's length, its SHA-256 and the reported statistics, so any chunk tells the
-receiver what the whole is, and a chunk that disagrees with the first one of its (author, round) is
-rejected (``docs/protocol.md``, "Federated mode"; reassembly is :mod:`dgrpo.protocol.chunks`).
+each chunk repeats the payload's length, its SHA-256, the hash of the global weights it was computed
+against and the reported statistics, so any chunk tells the receiver what the whole is, and a chunk that
+disagrees with the first one of its (author, round) is rejected (``docs/protocol.md``, "Federated mode";
+reassembly is :mod:`dgrpo.protocol.chunks`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ class _Chunk(WireModel):
     chunks: Annotated[int, Field(ge=1)]
     size: Annotated[int, Field(ge=1)]
     sha256: Annotated[bytes, Field(min_length=SHA256_BYTES, max_length=SHA256_BYTES)]
+    # The SHA-256 of the global weights the update was computed against (the author's global after the
+    # previous round): a receiver never adds a delta taken from other weights, and a node whose weights
+    # differ from most of its peers' finds out (docs/protocol.md, "Rounds").
+    base: Annotated[bytes, Field(min_length=SHA256_BYTES, max_length=SHA256_BYTES)]
 
     def _check_chunk(self, data: bytes, floats: tuple[float, ...]) -> None:
         if self.chunk >= self.chunks:
