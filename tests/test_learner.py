@@ -10,6 +10,7 @@ import torch
 from dgrpo.config import LearnerConfig, LoraConfig, ModelConfig
 from dgrpo.learner.learner import Learner, TrainSample
 from dgrpo.learner.models import pick_device, pick_dtype
+from dgrpo.learner.schedule import round_lr
 from dgrpo.protocol.messages import SamplingParams
 
 
@@ -142,3 +143,45 @@ def test_sgd_momentum_is_heavy_ball(random_model_dir: Path) -> None:
 def test_momentum_is_refused_with_adam() -> None:
     with pytest.raises(ValueError, match="momentum is sgd's"):
         LearnerConfig(optimizer="adam", momentum=0.9)
+
+
+def test_cosine_schedule_by_hand() -> None:
+    # lr 0.01 to 0.001 over 5 rounds: round 2 is a quarter of the way, (1 + cos(pi/4)) / 2 = 0.853553.
+    lrs = [round_lr(0.01, "cosine", 0.1, r, 5) for r in (1, 2, 3, 5, 9)]
+    assert lrs == pytest.approx([0.01, 0.01 * (0.1 + 0.9 * 0.853553), 0.0055, 0.001, 0.001], rel=1e-6)
+    assert round_lr(0.01, "constant", 0.1, 7, None) == 0.01
+    assert round_lr(0.01, "cosine", 0.0, 1, 1) == 0.01  # a one-round run keeps its lr
+    with pytest.raises(ValueError, match="needs the number of rounds"):
+        round_lr(0.01, "cosine", 0.1, 2, None)
+
+
+def test_begin_round_sets_the_optimizers_lr(random_model_dir: Path) -> None:
+    cfg = LearnerConfig(optimizer="sgd", lr=0.01, lr_schedule="cosine", lr_final=0.1, max_grad_norm=None)
+    learner = Learner(ModelConfig(name=str(random_model_dir)), cfg, rounds=3)
+    assert learner.begin_round(2) == pytest.approx(0.0055)
+    assert [g["lr"] for g in learner.optimizer.param_groups] == [pytest.approx(0.0055)]
+    # The step taken is lr x gradient at the scheduled lr (plain SGD).
+    samples = [TrainSample((5, 6, 7), (8, 9), 1.0), TrainSample((5, 6, 7), (10, 11), -1.0)]
+    learner.accumulate_gradients(samples, 1.0, 4)
+    grads = {n: p.grad.detach().clone() for n, p in learner.model.named_parameters() if p.grad is not None}
+    before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    learner.train_step(samples, 1.0, 4)
+    for name, grad in grads.items():
+        after = dict(learner.model.named_parameters())[name].detach()
+        assert torch.allclose(after, before[name] - 0.0055 * grad, atol=1e-7)
+    assert learner.begin_round(3) == pytest.approx(0.001)
+    with pytest.raises(ValueError, match="needs the rounds it spans"):
+        Learner(ModelConfig(name=str(random_model_dir)), cfg)
+
+
+def test_a_schedule_needs_a_span() -> None:
+    from dgrpo.daemon.settings import NodeSettings
+    from dgrpo.simulations.scenario import Scenario
+
+    cosine = {"lr_schedule": "cosine"}
+    assert Scenario(rounds=12, learner=cosine).lr_rounds() == 12
+    assert Scenario(rounds=12, learner={**cosine, "lr_rounds": 30}).lr_rounds() == 30
+    assert NodeSettings(rounds={"max_rounds": 7}, learner=cosine).lr_rounds() == 7
+    with pytest.raises(ValueError, match="needs the rounds it spans"):
+        NodeSettings(learner=cosine)
+    assert NodeSettings().lr_rounds() is None  # constant: nothing to span

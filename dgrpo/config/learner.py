@@ -10,10 +10,23 @@ from dgrpo.config.sections import Section
 
 LossType = Literal["grpo", "dr_grpo", "dapo"]
 LOSS_TYPES: tuple[LossType, ...] = ("grpo", "dr_grpo", "dapo")
+LrSchedule = Literal["constant", "cosine"]
 
 
 class LearnerConfig(Section):
     lr: Annotated[float, Field(gt=0.0, description="learning rate (paper: Adam 2e-5)")] = 5e-5
+    lr_schedule: Annotated[
+        LrSchedule,
+        Field(
+            description="constant, or cosine: from lr at round 1 to lr x lr_final at round lr_rounds "
+            "(dgrpo/learner/schedule.py)"
+        ),
+    ] = "constant"
+    lr_final: Annotated[float, Field(ge=0.0, le=1.0, description="cosine: the last round's lr over lr")] = 0.1
+    lr_rounds: Annotated[
+        int | None,
+        Field(ge=1, description="cosine: rounds it spans; None: the run's (scenario rounds, rounds.max_rounds)"),
+    ] = None
     optimizer: Annotated[
         Literal["adam", "adamw", "sgd"],
         Field(

@@ -59,3 +59,21 @@ class RunConfig(BaseModel):
     def _sampler_for_proofs(self) -> RunConfig:
         check_sampler(self.defense.chain, self.rollout.sampler, "rollout.sampler")
         return self
+
+    @model_validator(mode="after")
+    def _schedule_has_a_span(self) -> RunConfig:
+        if self.learner.lr_schedule != "constant" and self.lr_rounds() is None:
+            raise ValueError(
+                f"learner.lr_schedule = {self.learner.lr_schedule!r} needs the rounds it spans: set "
+                "learner.lr_rounds, or run a fixed number of rounds (a daemon's rounds.max_rounds)"
+            )
+        return self
+
+    def run_rounds(self) -> int | None:
+        """How many rounds the run lasts, where it is fixed (a scenario's ``rounds``, a daemon's
+        ``rounds.max_rounds``)."""
+        return None
+
+    def lr_rounds(self) -> int | None:
+        """The rounds a learning-rate schedule spans: ``learner.lr_rounds``, else the run's."""
+        return self.learner.lr_rounds or self.run_rounds()

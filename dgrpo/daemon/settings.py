@@ -146,6 +146,9 @@ class NodeSettings(RunConfig, BaseSettings):
         # Precedence: command line (init) > environment > TOML file.
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=_TOML_FILE.get())
 
+    def run_rounds(self) -> int | None:
+        return self.rounds.max_rounds
+
     @property
     def key_path(self) -> Path:
         return self.identity.key_path or self.state_dir / "identity.key"

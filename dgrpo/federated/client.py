@@ -43,6 +43,7 @@ class LocalResult:
     stats: ClientStats  # the true statistics of the local round
     delta: torch.Tensor  # theta_local - theta_global
     losses: tuple[float, ...]
+    lr: float  # the learning rate of the round's local steps (learner.lr_schedule)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class FedClient:
 
     def local_round(self, round_idx: int, global_stats: GlobalStats | None) -> LocalResult:
         """``local_steps`` GRPO steps from the current weights; the delta is against where they started."""
+        lr = self.learner.begin_round(round_idx)
         start = flat_parameters(self.learner.model)
         groups: list[list[float]] = []
         losses: list[float] = []
@@ -121,7 +123,7 @@ class FedClient:
             if stats is not None:
                 losses.append(stats.loss)
         delta = flat_parameters(self.learner.model) - start
-        return LocalResult(reward_stats(groups), delta, tuple(losses))
+        return LocalResult(reward_stats(groups), delta, tuple(losses), lr)
 
     def submission(self, round_idx: int, result: LocalResult, global_stats: GlobalStats | None) -> Submission:
         """What the client sends: its statistics and update through its attack, sparsified at its budget."""

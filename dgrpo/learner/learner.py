@@ -24,6 +24,7 @@ from dgrpo.config import LearnerConfig, ModelConfig
 from dgrpo.learner.grpo import per_token_loss, reduce_loss, token_logprobs
 from dgrpo.learner.models import LoadedModel, load_model
 from dgrpo.learner.sampler import SeededGumbelProcessor
+from dgrpo.learner.schedule import round_lr
 from dgrpo.protocol.messages import SamplingParams
 
 # Generation seeds torch's global RNG; several learners in one process (a simulation) must not interleave
@@ -73,9 +74,17 @@ def _clean_generation_config(model: Any, tokenizer: Any) -> GenerationConfig:
 class Learner:
     """One node's model, tokenizer and optimizer."""
 
-    def __init__(self, model_cfg: ModelConfig, learner_cfg: LearnerConfig) -> None:
+    def __init__(self, model_cfg: ModelConfig, learner_cfg: LearnerConfig, rounds: int | None = None) -> None:
+        """``rounds``: how many rounds the run lasts, which a cosine ``lr_schedule`` spans unless
+        ``learner.lr_rounds`` says otherwise."""
         self.model_cfg = model_cfg
         self.cfg = learner_cfg
+        self.lr_horizon = learner_cfg.lr_rounds or rounds
+        if learner_cfg.lr_schedule != "constant" and self.lr_horizon is None:
+            raise ValueError(
+                f"learner.lr_schedule = {learner_cfg.lr_schedule!r} needs the rounds it spans: set "
+                "learner.lr_rounds, or run a fixed number of rounds (rounds.max_rounds)"
+            )
         with TORCH_LOCK:
             torch.manual_seed(learner_cfg.seed)  # LoRA initialisation
             self.loaded: LoadedModel = load_model(model_cfg)
@@ -97,6 +106,14 @@ class Learner:
             params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay, **extra
         )
         self.model_id = model_cfg.name
+
+    def begin_round(self, round_idx: int) -> float:
+        """Set the optimizer's learning rate for round ``round_idx`` (``learner.lr_schedule``); returns it."""
+        cfg = self.cfg
+        lr = round_lr(cfg.lr, cfg.lr_schedule, cfg.lr_final, round_idx, self.lr_horizon)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     # ----------------------------------------------------------------- tokenisation
     def encode_prompt(self, text: str) -> tuple[int, ...]:

@@ -33,7 +33,7 @@ def build_node(
         peer_id,
         run_id,
         task,
-        Learner(model or run.model, run.learner),
+        Learner(model or run.model, run.learner, run.lr_rounds()),
         rollout or run.rollout,
         run.sampling,
         build_adversary(adversary) if adversary is not None else None,

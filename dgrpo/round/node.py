@@ -96,6 +96,7 @@ class Node:
         context = DefenseContext(self.task, self.learner, self.sampling, self.run_id, round_idx)
         kept, defense = defend(self.defense, self.reputation, context, admission.admitted, self.peer_id)
         scoring = score(self.task, kept)
+        self.learner.begin_round(round_idx)
         step = update(self.learner, scoring.scored, advantages(scoring.scored, self.learner.cfg), self.sampling)
         return RoundOutcome(
             peer_id=self.peer_id,

@@ -52,7 +52,7 @@ def _clients(scenario: Scenario, fed: FederatedConfig, task: Task) -> list[FedCl
     parts = partition(task, fed.partition, fed.clients, fed.prompts_per_client, scenario.run_id)
     names = [f"client-{i}" for i in range(fed.clients)]
     if fed.method == "centralized":
-        learner = Learner(scenario.model, scenario.learner)
+        learner = Learner(scenario.model, scenario.learner, scenario.lr_rounds())
         sources = list(zip(names, parts, strict=True))
         return [FedClient("centralized", scenario.run_id, task, learner, sources, fed, scenario.sampling)]
     first_attacker = fed.clients - (fed.attack.clients if fed.attack is not None else 0)
@@ -61,7 +61,7 @@ def _clients(scenario: Scenario, fed: FederatedConfig, task: Task) -> list[FedCl
         attack = None
         if fed.attack is not None and i >= first_attacker:
             attack = build_attack(fed.attack.name, fed.attack.options)
-        learner = Learner(scenario.model, scenario.learner)
+        learner = Learner(scenario.model, scenario.learner, scenario.lr_rounds())
         out.append(FedClient(name, scenario.run_id, task, learner, [(name, prompts)], fed, scenario.sampling, attack))
     return out
 
@@ -119,6 +119,7 @@ class FederatedRun:
             "client_reward": {n: r.stats.mean for n, r in results.items()},
             "client_signal": {n: r.stats.std for n, r in results.items()},
             "loss": _mean([loss for r in results.values() for loss in r.losses]),
+            "lr": next(iter(results.values())).lr,
         }
         if submissions:
             aggregated = self.aggregator.aggregate(round_idx, submissions)

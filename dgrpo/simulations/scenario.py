@@ -106,6 +106,9 @@ class Scenario(RunConfig):
             raise ValueError("nodes.malicious > 0 needs an [adversary] section (e.g. name = 'text')")
         return self
 
+    def run_rounds(self) -> int | None:
+        return self.rounds
+
     def node_rollout(self) -> RolloutConfig:
         """Per-node work from the global B and G (paper, sec. 3): horizontal, G/m completions of all B
         prompts; vertical, G completions of B/m own prompts."""
