@@ -32,7 +32,7 @@ SMALL: dict[str, Any] = {
 }
 
 
-def scenario(**federated: Any) -> Any:
+def scenario(top: dict[str, Any] | None = None, **federated: Any) -> Any:
     return build_scenario(
         {
             "name": "fed-test",
@@ -40,6 +40,7 @@ def scenario(**federated: Any) -> Any:
             "eval": {"every": 1, "prompts": 16},
             "sampling": {"max_new_tokens": 24},
             "federated": {**SMALL, **federated},
+            **(top or {}),
         }
     )
 
@@ -87,6 +88,14 @@ def test_federated_run_writes_its_summary(tmp_path: Path) -> None:
     assert set(rows[0]["weights"]) == {"client-0", "client-1", "client-2"}
     assert sum(rows[0]["weights"].values()) == pytest.approx(1.0)
     assert rows[1]["global_mean_reward"] is not None and (tmp_path / "curves.png").stat().st_size > 0
+    assert [r["lr"] for r in rows] == [5e-5, 5e-5]  # the learner's default: constant
+
+
+def test_the_clients_step_follows_the_schedule(tmp_path: Path) -> None:
+    cosine = {"optimizer": "sgd", "lr": 0.02, "lr_schedule": "cosine", "lr_final": 0.1}
+    run_simulation(scenario({"rounds": 3, "learner": cosine}), tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows] == pytest.approx([0.02, 0.011, 0.002])  # (1 + cos(pi / 2)) / 2 = 0.5
 
 
 def test_runs_are_reproducible(tmp_path: Path) -> None:
