@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -17,8 +18,12 @@ import trio
 import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V12
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.rpc_queue import RpcQueue
 
 from dgrpo.net.gossip import (
+    LIBP2P_MAX_RPC_BYTES,
     GossipConfig,
     GossipError,
     GossipMessage,
@@ -26,6 +31,7 @@ from dgrpo.net.gossip import (
     GossipTimeoutError,
     MessageTooLargeError,
 )
+from dgrpo.net.pubsub import ReceiptGossipSub
 
 TOPIC = "rollouts"
 FAST_DIAL = {"bootstrap_backoff_initial": 0.05, "bootstrap_backoff_max": 0.2, "shutdown_flush_timeout": 1.0}
@@ -346,3 +352,26 @@ def test_a_malformed_rpc_closes_the_stream_not_the_node(caplog: pytest.LogCaptur
 
     with caplog.at_level(logging.WARNING, logger="dgrpo.net.gossip"):
         run(main)
+
+
+def test_an_iwant_answer_is_split_under_the_receivers_inbound_limit() -> None:
+    # A peer that missed a whole federated update asks for all its chunks in one IWANT (32 messages of 128 KiB
+    # and more). py-libp2p 0.8.1 answers from its message cache through the peer's outbound queue, which splits
+    # the answer (a port of go-libp2p-pubsub's RPC.split) into RPCs of at most 1 MiB: each stays under the
+    # receiver's inbound limit, and none of the messages is dropped.
+    router = ReceiptGossipSub(protocols=[PROTOCOL_ID_V12], degree=6, degree_low=4, degree_high=12)
+    peer = ID(b"\x00\x24" + bytes(range(36)))
+    queue = RpcQueue()
+    router.pubsub = types.SimpleNamespace(peer_queues={peer: queue})  # what handle_iwant and send_rpc use
+    wanted = []
+    for i in range(32):
+        msg = rpc_pb2.Message(from_id=b"a" * 38, data=bytes([i]) * 131_000, seqno=i.to_bytes(8, "big"), topicIDs=["t"])
+        router.mcache.put(msg)
+        wanted.append((msg.from_id + msg.seqno).hex().encode())  # py-libp2p's wire form of a message id
+    trio.run(router.handle_iwant, rpc_pb2.ControlIWant(messageIDs=wanted), peer)
+    parts = []
+    while (part := queue._queue.pop()) is not None:
+        parts.append(part)
+    sizes = [p.ByteSize() for p in parts]
+    assert len(parts) >= 4 and max(sizes) <= LIBP2P_MAX_RPC_BYTES < GossipConfig().max_inbound_rpc_size
+    assert [m.seqno for p in parts for m in p.publish] == [i.to_bytes(8, "big") for i in range(32)]
