@@ -36,7 +36,7 @@ def main() -> None:
     torch.set_num_threads(max(sc.torch_threads, 1))
     task = get_task(sc.task.name, **sc.task.options)
     prompts = partition(task, fed.partition, fed.clients, fed.prompts_per_client, sc.run_id)[args.client]
-    learner = Learner(sc.model, sc.learner)
+    learner = Learner(sc.model, sc.learner, sc.lr_rounds())
     start = flat_parameters(learner.model)
     name = f"client-{args.client}"
     delta = FedClient(name, sc.run_id, task, learner, [(name, prompts)], fed, sc.sampling).local_round(1, None).delta
