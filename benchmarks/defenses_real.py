@@ -83,7 +83,7 @@ def main() -> None:
                 poisoned = attack(text)
                 if poisoned is not None and poisoned != text:
                     sets[name].append(Candidate(AUTHOR, p, poisoned, j, sp, args.model))
-    ctx = DefenseContext(task, verifier, sp, RUN, ROUND)
+    ctx = DefenseContext(task, verifier, sp, RUN, ROUND, args.model)
     print(f"{'defense':15} {'set':7} {'checked':>7} {'rejected':>8} {'rate':>6} {'seconds':>8}  reasons")
     for defense in ("logit", "sampling-proof"):
         for name, candidates in sets.items():

@@ -42,6 +42,7 @@ class DgrpoCodec(Codec):
         text = payload.decode("latin-1")
         step = self.limits.max_completion_chars
         self._round += 1
+        completions = tuple(text[i : i + step] for i in range(0, len(text), step)) or ("",)
         rollout = Rollout(
             author=self.identity.peer_id,
             round=self._round,
@@ -49,8 +50,10 @@ class DgrpoCodec(Codec):
             parts=1,
             prompt_id="bench/0",
             prompt="bench",
-            completions=tuple(text[i : i + step] for i in range(0, len(text), step)) or ("",),
+            completions=completions,
+            indices=tuple(range(len(completions))),
             model_id="bench",
+            weights="",
             sampling=SamplingParams(),
             split="horizontal",
         )

@@ -86,7 +86,7 @@ def main() -> None:
             cands = [Candidate("author", p, c, j, sp, model) for p, cs in zip(prompts, outs, strict=True)
                      for j, c in enumerate(cs)]  # fmt: skip
             tokens = sum(len(verifier.encode_completion(c.text, args.max_new)) for c in cands)
-            ctx = DefenseContext(task, verifier, sp, "bench", 1)
+            ctx = DefenseContext(task, verifier, sp, "bench", 1, model)
             for name, (defense, options) in VARIANTS.items():
                 chain = DefenseChain.from_config(DefenseConfig(chain=[defense], options={defense: options}))
                 t0 = time.perf_counter()

@@ -67,7 +67,9 @@ def per_message(n: int = 2000) -> tuple[float, float]:
         prompt_id=prompt.id,
         prompt=prompt.text,
         completions=("1+2+0=3,4+5+0=9,3+1+0=4>493",) * 2,
+        indices=(0, 1),
         model_id="dgrpo:tiny-arith",
+        weights="",
         sampling=scenario.sampling,
         split="horizontal",
     )

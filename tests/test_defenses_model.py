@@ -76,7 +76,7 @@ def candidates(prompts: list[Prompt], texts: list[list[str]], author: str = AUTH
 
 def check(name: str, learner: Learner, task: ArithTask, cands: list[Candidate], **options: object) -> list[Verdict]:
     chain = DefenseChain.from_config(DefenseConfig(chain=[name], options={name: dict(options)} if options else {}))
-    return chain.run(DefenseContext(task, learner, SP, RUN, ROUND), cands).verdicts
+    return chain.run(DefenseContext(task, learner, SP, RUN, ROUND, "m"), cands).verdicts
 
 
 # ------------------------------------------------------------------ the seeded sampler
@@ -203,7 +203,7 @@ def test_logit_check_reproduces_the_papers_pattern(
     cut = verifier.generate([p.text], 1, sp8, seeds=[[completion_seed(RUN, ROUND, AUTHOR, p.id, 0)]])[0][0]
     assert len(cut) == 8
     chain = DefenseChain.from_config(DefenseConfig(chain=["logit"], options={"logit": {"overflow_slack": 0.0}}))
-    ctx = DefenseContext(task, verifier, sp8, RUN, ROUND)
+    ctx = DefenseContext(task, verifier, sp8, RUN, ROUND, "m")
     assert chain.run(ctx, [Candidate(AUTHOR, p, cut, 0, sp8, "m")]).verdicts[0].accept
     assert chain.run(ctx, [Candidate(AUTHOR, p, cut + ">423", 0, sp8, "m")]).verdicts[0].reason == "logit:overflow"
     # The MATH poison that keeps its reward (the attacker publishes only those).
@@ -292,7 +292,7 @@ def test_sampling_proof_rejects_text_beyond_max_new_tokens(
     seed_texts = verifier.generate([p.text], 1, sp, seeds=[[completion_seed(RUN, ROUND, AUTHOR, p.id, 0)]])[0]
     assert len(seed_texts[0]) == 8  # truncated: a character-level model, 8 tokens
     chain = DefenseChain.from_config(DefenseConfig(chain=["sampling-proof"]))
-    ctx = DefenseContext(task, verifier, sp, RUN, ROUND)
+    ctx = DefenseContext(task, verifier, sp, RUN, ROUND, "m")
     ok = chain.run(ctx, [Candidate(AUTHOR, p, seed_texts[0], 0, sp, "m")]).verdicts[0]
     extended = chain.run(ctx, [Candidate(AUTHOR, p, seed_texts[0] + ">423", 0, sp, "m")]).verdicts[0]
     assert ok.accept and extended.reason == "sampling-proof:overflow"

@@ -24,7 +24,9 @@ def rollout(author: str, completions: tuple[str, ...] = ("1+1=2",)) -> Rollout:
         prompt_id="arith/1/1",
         prompt="1+1=",
         completions=completions,
+        indices=tuple(range(len(completions))),
         model_id="m",
+        weights="",
         sampling=DEFAULT_SAMPLING,
         split="horizontal",
     )

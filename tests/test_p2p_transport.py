@@ -32,6 +32,8 @@ def rollout(author: str) -> Rollout:
         prompt="10+15=",
         completions=("5+0+0=5,1+1+0=2>25",),
         model_id="m",
+        indices=(0,),
+        weights="",
         sampling=SamplingParams(),
         split="horizontal",
     )

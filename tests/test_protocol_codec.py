@@ -64,7 +64,10 @@ def make_rollout(ident: Identity = ALICE, **overrides: Any) -> Rollout:
         author=ident.peer_id, round=3, part=0, parts=1, prompt_id="p-1", prompt="1+1=", completions=("2", "3"),
         model_id="tiny", sampling=SamplingParams(temperature=0.7, seed=5), split="horizontal",
     )  # fmt: skip
-    return Rollout(**(fields | overrides))
+    merged = fields | overrides
+    merged.setdefault("indices", tuple(range(len(merged["completions"]))))
+    merged.setdefault("weights", "")
+    return Rollout(**merged)
 
 
 def validator(clock: FakeClock, replay: ReplayGuard | None = None, **limits: Any) -> MessageValidator:

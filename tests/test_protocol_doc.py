@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -143,8 +144,9 @@ def _worked_example() -> tuple[Identity, UnsignedEnvelope]:
     ident = Identity.from_seed(bytes(range(32)))
     sampling = WireSamplingParams(temperature=0.7, top_k=0, top_p=1.0, max_new_tokens=64, seed=3)
     body = RolloutBody(
-        part=0, parts=2, prompt_id="arith-42", prompt="1+1=", completions=("2", "11"),
-        model_id="dgrpo:tiny-arith", sampling=sampling, split="horizontal",
+        part=0, parts=2, prompt_id="arith-42", prompt="1+1=", completions=("2", "11"), indices=(0, 1),
+        model_id="dgrpo:tiny-arith", weights=hashlib.sha256(b"demo").hexdigest(), sampling=sampling,
+        split="horizontal",
     )  # fmt: skip
     unsigned = UnsignedEnvelope(
         v=1, kind="rollout", run="demo-run", round=7, author=ident.public_bytes,

@@ -44,7 +44,7 @@ def test_sampling_proof_accepts_another_nodes_smollm2_completions(smollm2: tuple
         Candidate("author", p, t, j, SP, "m") for p, ts in zip(prompts, texts, strict=True) for j, t in enumerate(ts)
     ]
     chain = DefenseChain.from_config(DefenseConfig(chain=["sampling-proof"]))
-    ctx = DefenseContext(get_task("arith"), verifier, SP, "run", 1)
+    ctx = DefenseContext(get_task("arith"), verifier, SP, "run", 1, "m")
     verdicts = chain.run(ctx, cands).verdicts
     assert all(v.accept for v in verdicts), [v.reason for v in verdicts]
     proof: Any = chain.defenses[0]

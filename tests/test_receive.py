@@ -20,6 +20,8 @@ def rollout(author: str, round_idx: int, part: int = 0, parts: int = 1) -> Rollo
         prompt="10+15=",
         completions=("x",),
         model_id="m",
+        indices=(0,),
+        weights="",
         sampling=SamplingParams(),
         split="horizontal",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -38,10 +39,12 @@ def rollout(author: str, of: Prompt, round_idx: int = 3, part: int = 0, parts: i
         "prompt": of.text,
         "completions": ("a", "b"),
         "model_id": "m",
+        "weights": "",
         "sampling": DEFAULT_SAMPLING,
         "split": "horizontal",
     }
     fields.update(kw)
+    fields.setdefault("indices", tuple(range(len(fields["completions"]))))  # type: ignore[arg-type]
     return Rollout.model_validate(fields)
 
 
@@ -82,9 +85,15 @@ def test_admission_at_close_counts_every_reason_by_author() -> None:
         "blacklisted": 1,
     }
     assert admission.rejected_by_author == {"a": 1, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1}
-    assert [(c.author, c.reason) for c in admission.dropped] == [("f", "blacklisted")] * 2
+    # Every rejected peer's completions are reported as dropped, with the reason (simulations count them).
+    assert Counter((c.author, c.reason) for c in admission.dropped) == {
+        ("a", "duplicate_part"): 2, ("b", "wrong_round"): 2, ("c", "wrong_split"): 2, ("d", "unknown_prompt"): 2,
+        ("e", "prompt_mismatch"): 2, ("f", "blacklisted"): 2,
+    }  # fmt: skip
+    assert admission.evidence_by_author == {"e": 1}  # a forged prompt text is evidence; the others may be accidents
     assert (admission.messages, admission.completions_received) == (8, 16)
-    assert set(admission.rejected) == set(CLOSE_REASONS)
+    # Without a plan and a tokenizer (tests/test_binding.py has those rules), the structural reasons only.
+    assert set(admission.rejected) == set(CLOSE_REASONS[:6])
     # The admitted prompt is the task's own object, never the peer's copy.
     assert admission.admitted[0].prompt == TASK.prompt_by_id(P0.id)
     # Arrival and close share the counters.

@@ -27,6 +27,8 @@ def rollout_of(author: str, prompt: Prompt) -> Rollout:
         prompt=prompt.text,
         completions=("1+1=2",),
         model_id="m",
+        indices=(0,),
+        weights="",
         sampling=DEFAULT_SAMPLING,
         split="horizontal",
     )

@@ -28,7 +28,7 @@ from dgrpo.adversary.gibberish import gibberish
 from dgrpo.adversary.vote import majority_vote
 from dgrpo.config import AdversaryConfig, Section
 from dgrpo.overrides import explain_validation_error
-from dgrpo.protocol.messages import SplitMode
+from dgrpo.protocol.messages import Rollout, SplitMode
 from dgrpo.tasks.base import Prompt, Task
 
 if TYPE_CHECKING:
@@ -41,14 +41,24 @@ class NoAttackOptions(Section):
     pass
 
 
+def _no_draw(prompts: Sequence[Prompt], indices: Sequence[int]) -> list[list[str]]:
+    raise RuntimeError("this attack context draws no seeded completions")
+
+
 @dataclass(frozen=True)
 class AttackContext:
-    """What an attack may use: the task (reward, parser, reference answers) and the node's own model."""
+    """What an attack may use: the task (reward, parser, reference answers), the node's own model, and what
+    an honest node of the run would publish (its plan and share)."""
 
     task: Task
     split: SplitMode
     round: int
     sample: Sampler  # sample(prompts, n): n more completions per prompt from the node's own model
+    # draw(prompts, indices): the seeded sampler's genuine completions at those indices (they pass the proof)
+    draw: Callable[[Sequence[Prompt], Sequence[int]], list[list[str]]] = _no_draw
+    canonical: Callable[[str], str] = lambda text: text  # the node's tokenizer round trip
+    plan: tuple[Prompt, ...] = ()  # the prompts the node must answer this round
+    share: int = 0  # completions per prompt of an honest node
 
 
 @dataclass
@@ -104,6 +114,24 @@ class Adversary(ABC):
         poison; the default keeps the planned ones."""
         return planned
 
+    def publish(self, ctx: AttackContext, rollouts: list[Rollout]) -> list[Rollout]:
+        """The rollout messages to publish, in place of ``rollouts`` (one per prompt, indices 0..n-1): the
+        hook of attacks on the exchange itself (which prompts, how many messages, which indices), after
+        :meth:`attack` chose the texts. The default publishes them as they are."""
+        return rollouts
+
+    def record_poison(self, prompt_id: str, texts: Sequence[str]) -> None:
+        """Count ``texts`` (published for ``prompt_id``) as this round's poison (for the defense metrics)."""
+        self.stats.poisoned += len(texts)
+        self.stats.last_round_poisoned += len(texts)
+        self.stats.last_poisoned.update((prompt_id, t) for t in texts)
+
+    def begin_round(self, round_idx: int) -> None:
+        if round_idx != self.stats.last_round:
+            self.stats.last_round = round_idx
+            self.stats.last_round_poisoned = 0
+            self.stats.last_poisoned = set()
+
     def poison_count(self, n_out: int) -> int:
         """How many of the ``n_out`` completions published for a prompt should carry poison."""
         return round(self.cfg.poison_fraction * n_out)
@@ -115,10 +143,7 @@ class Adversary(ABC):
     # ------------------------------------------------------------------ the transform
     def attack(self, ctx: AttackContext, prompts: Sequence[Prompt], own: Sequence[Sequence[str]]) -> list[list[str]]:
         """The completions to publish for each prompt, in place of ``own`` (the node's honest samples)."""
-        if ctx.round != self.stats.last_round:
-            self.stats.last_round = ctx.round
-            self.stats.last_round_poisoned = 0
-            self.stats.last_poisoned = set()
+        self.begin_round(ctx.round)
         n_extra = self.extra_samples()
         extra = ctx.sample(prompts, n_extra) if n_extra else [[] for _ in prompts]
         return [self.compose(ctx, p, list(o), list(e)) for p, o, e in zip(prompts, own, extra, strict=True)]
@@ -136,10 +161,7 @@ class Adversary(ABC):
         self.stats.unpoisonable += n_poison - len(poisoned)
         # A "poisoned" completion identical to one of the node's own samples (a DoS pick that happens to be
         # its own draw) is what an honest node would publish: it is not counted as poison.
-        real = [p for p in poisoned if p not in own]
-        self.stats.poisoned += len(real)
-        self.stats.last_round_poisoned += len(real)
-        self.stats.last_poisoned.update((prompt.id, p) for p in real)
+        self.record_poison(prompt.id, [p for p in poisoned if p not in own])
         return poisoned + self.fill(ctx, prompt, pool, n_out - len(poisoned))
 
     def target_answer(self, task: Task, prompt: Prompt, pool: Sequence[str]) -> str | None:

@@ -8,6 +8,7 @@
 
 from dgrpo.config.adversary import AdversaryConfig, parse_adversary_spec
 from dgrpo.config.defense import (
+    SAME_MODEL_DEFENSES,
     DefenseConfig,
     ReputationConfig,
     check_sampler,
@@ -23,6 +24,7 @@ from dgrpo.config.task import TaskConfig
 
 __all__ = [
     "LOSS_TYPES",
+    "SAME_MODEL_DEFENSES",
     "AdversaryConfig",
     "DefenseConfig",
     "LearnerConfig",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dgrpo.config.sections import Section
 from dgrpo.errors import ConfigError
@@ -23,6 +23,20 @@ class ReputationConfig(Section):
     min_completions: Annotated[
         int, Field(ge=1, description="completions a peer must have sent in the window before it can be judged")
     ] = 8
+    max_evidence: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="blacklist a peer after this many pieces of evidence over the whole run: completions "
+            "failing a proof (sampling-proof) and rollouts breaking the plan binding or the canonical-text rule, "
+            "which honest peers never produce; unlike the rate rule, honest completions mixed in do not dilute it",
+        ),
+    ] = 3
+
+
+# Defenses that compare a completion with the receiver's own model: meaningful only for authors holding the
+# same weights (dgrpo.defense.base.Defense.same_model; a test keeps this list equal to the classes' flags).
+SAME_MODEL_DEFENSES = ("logit", "sampling-proof")
 
 
 class DefenseConfig(Section):
@@ -30,13 +44,32 @@ class DefenseConfig(Section):
         list[str],
         Field(
             description="defenses by name (logit, sampling-proof, judge, arith-check, code-policy, length); "
-            "run cheapest first"
+            "run cheapest first. Same-model checks (logit, sampling-proof) apply only to authors announcing "
+            "this node's model and weights"
         ),
     ] = Field(default_factory=list)
+    foreign: Annotated[
+        list[str] | None,
+        Field(
+            description="the chain for authors announcing another model or other weights (no same-model checks). "
+            "None: the chain itself when it has no same-model check; otherwise such authors are rejected "
+            "(foreign_model), since in a homogeneous network every honest peer holds the same weights"
+        ),
+    ] = None
     options: Annotated[dict[str, dict[str, Any]], Field(description="per-defense options, by defense name")] = Field(
         default_factory=dict
     )
     reputation: ReputationConfig = ReputationConfig()
+
+    @model_validator(mode="after")
+    def _foreign_has_no_model_check(self) -> DefenseConfig:
+        bad = sorted(set(self.foreign or ()) & set(SAME_MODEL_DEFENSES))
+        if bad:
+            raise ValueError(
+                f"defense.foreign holds {bad}: it checks authors with another model or other weights, against "
+                "which a same-model check compares nothing meaningful"
+            )
+        return self
 
 
 def needs_seeded_sampler(chain: list[str]) -> bool:

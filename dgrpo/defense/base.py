@@ -32,9 +32,10 @@ class Candidate:
     author: str
     prompt: Prompt
     text: str
-    index: int  # position among the author's completions for this prompt (part of its sampling seed)
+    index: int  # the completion's index in the author's share for this prompt (part of its sampling seed)
     sampling: SamplingParams  # as claimed by the author
     model_id: str
+    weights: str = ""  # SHA-256 of the weights the author announces having sampled with ("" if none)
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,21 @@ ACCEPT = Verdict(True)
 @dataclass(frozen=True)
 class DefenseContext:
     """What a defense may use: the task, the node's model (None where a node has none), the run's agreed
-    sampling parameters and where we are."""
+    sampling parameters, where we are, and the node's own model name and weights digest (the chain routes
+    same-model checks by them)."""
 
     task: Task
     learner: Learner | None
     sampling: SamplingParams
     run_id: str
     round: int
+    model_id: str = ""
+    weights: str = ""
+
+    def same_model(self, candidate: Candidate) -> bool:
+        """Whether ``candidate``'s author announces this node's model and weights: only then can a check
+        against this node's own logits say anything about it."""
+        return (candidate.model_id, candidate.weights) == (self.model_id, self.weights)
 
 
 class NoDefenseOptions(Section):
@@ -69,11 +78,20 @@ class NoDefenseOptions(Section):
 
 class Defense(ABC):
     """Base class of the defenses. Subclasses set ``name``, ``cost`` (relative; a chain runs the cheapest
-    first, so expensive checks see only what cheap ones let through) and ``Options``."""
+    first, so expensive checks see only what cheap ones let through) and ``Options``.
+
+    ``same_model``: the check compares a completion with the node's own model (``logit``,
+    ``sampling-proof``), so it applies only to authors announcing the node's model and weights; the chain
+    sends the others to its foreign chain. ``proof``: a rejection is proof of tampering, never an honest
+    accident (the seeded sampler's check: honest FPR 0), so the defend stage rejects the author's whole group
+    and the reputation policy counts it as evidence, which no number of honest completions dilutes.
+    """
 
     name: ClassVar[str]
     cost: ClassVar[int] = 100
     needs_model: ClassVar[bool] = False
+    same_model: ClassVar[bool] = False
+    proof: ClassVar[bool] = False
     Options: ClassVar[type[Section]] = NoDefenseOptions
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:

@@ -65,6 +65,7 @@ class ModelDefense(Defense):
     it assumes), the rest are teacher-forced in micro-batches and judged by :meth:`check_batch`."""
 
     needs_model = True
+    same_model = True
 
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         if ctx.learner is None:

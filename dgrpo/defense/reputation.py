@@ -4,6 +4,11 @@ A blacklisted peer's messages stop reaching the learner: the daemon drops them a
 pubsub blacklist) and the round no longer waits for the peer. Blacklisting is for the rest of the run, which is
 what a poisoner that keeps sending rejected completions earns; the window only keeps one bad round of an honest
 peer (numeric noise, a truncated message) from counting forever against it.
+
+The rate rule can be diluted: an attacker mixing one poisoned completion into several honest ones stays
+under the threshold. Evidence cannot: a failed sampling proof or a rollout breaking the plan binding is
+something an honest peer never produces (measured FPR 0), so ``max_evidence`` such events over the whole
+run blacklist the peer however many honest completions it also sends.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ class Reputation:
     def __init__(self, cfg: ReputationConfig) -> None:
         self.cfg = cfg
         self._history: dict[str, deque[tuple[int, int, int]]] = defaultdict(deque)  # (round, received, rejected)
+        self.evidence: dict[str, int] = {}  # peer -> evidence over the whole run (never forgotten)
         self.blacklisted: dict[str, int] = {}  # peer -> round it was blacklisted in
 
-    def record(self, round_idx: int, peer: str, received: int, rejected: int) -> None:
+    def record(self, round_idx: int, peer: str, received: int, rejected: int, evidence: int = 0) -> None:
+        if evidence > 0:
+            self.evidence[peer] = self.evidence.get(peer, 0) + evidence
         if received <= 0:
             return
         history = self._history[peer]
@@ -40,11 +48,15 @@ class Reputation:
         if not self.cfg.enabled:
             return []
         new = []
-        for peer in sorted(self._history):
+        for peer in sorted(self._history):  # the rate rule
             if peer in self.blacklisted:
                 continue
             rate, received = self.rate(peer)
             if received >= self.cfg.min_completions and rate >= self.cfg.threshold:
+                self.blacklisted[peer] = round_idx
+                new.append(peer)
+        for peer in sorted(self.evidence):
+            if peer not in self.blacklisted and self.evidence[peer] >= self.cfg.max_evidence:
                 self.blacklisted[peer] = round_idx
                 new.append(peer)
         return new
@@ -57,6 +69,7 @@ class Reputation:
         return {
             "history": {peer: [list(h) for h in history] for peer, history in self._history.items()},
             "blacklisted": dict(self.blacklisted),
+            "evidence": dict(self.evidence),
         }
 
     def load(self, state: dict[str, Any]) -> None:
@@ -65,10 +78,16 @@ class Reputation:
         for peer, history in dict(state.get("history", {})).items():
             self._history[str(peer)] = deque((int(r), int(n), int(k)) for r, n, k in history)
         self.blacklisted.update({str(p): int(r) for p, r in dict(state.get("blacklisted", {})).items()})
+        self.evidence.update({str(p): int(n) for p, n in dict(state.get("evidence", {})).items()})
 
     def snapshot(self) -> dict[str, dict[str, float | int | bool]]:
         out: dict[str, dict[str, float | int | bool]] = {}
-        for peer in sorted(set(self._history) | set(self.blacklisted)):
+        for peer in sorted(set(self._history) | set(self.blacklisted) | set(self.evidence)):
             rate, received = self.rate(peer)
-            out[peer] = {"rejection_rate": rate, "window_received": received, "blacklisted": peer in self.blacklisted}
+            out[peer] = {
+                "rejection_rate": rate,
+                "window_received": received,
+                "evidence": self.evidence.get(peer, 0),
+                "blacklisted": peer in self.blacklisted,
+            }
         return out

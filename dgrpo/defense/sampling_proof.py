@@ -239,6 +239,7 @@ def replay(
 class SamplingProofDefense(ModelDefense):
     name = "sampling-proof"
     cost = 60
+    proof = True
     Options = SamplingProofOptions
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:

@@ -133,6 +133,13 @@ class Learner:
             ids.append(self.eos_ids[0])
         return tuple(ids)
 
+    def canonical_text(self, text: str) -> str:
+        """``decode(encode(text))``, decoded as generated completions are. A completion that differs from
+        it holds characters the tokenizer drops or rewrites: the learner and the model checks would see
+        other text than the reward reads (``non_canonical``, ``docs/protocol.md``)."""
+        return str(self.tokenizer.decode(self.tokenizer(text, add_special_tokens=False)["input_ids"],
+                                         skip_special_tokens=True))  # fmt: skip
+
     def _decode(self, ids: Sequence[int]) -> str:
         out: list[int] = []
         for i in ids:

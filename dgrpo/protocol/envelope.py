@@ -20,7 +20,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, fiel
 from dgrpo.errors import DgrpoError
 from dgrpo.protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_from_public_bytes
 from dgrpo.protocol.limits import Limits
-from dgrpo.protocol.messages import Rollout, SamplingParams, SplitMode
+from dgrpo.protocol.messages import WEIGHTS_PATTERN, Rollout, SamplingParams, SplitMode
 from dgrpo.protocol.nonce import NONCE_LIMIT, NonceSource
 from dgrpo.protocol.topics import RUN_ID_PATTERN, validate_run_id
 from dgrpo.protocol.update_bodies import GlobalBody, UpdateBody
@@ -56,7 +56,9 @@ class RolloutBody(WireModel):
     prompt_id: Annotated[str, Field(min_length=1, max_length=256)]
     prompt: str
     completions: tuple[str, ...]
+    indices: tuple[Annotated[int, Field(ge=0, lt=2**32)], ...]
     model_id: Annotated[str, Field(max_length=256)]
+    weights: Annotated[str, Field(pattern=WEIGHTS_PATTERN)]
     sampling: WireSamplingParams
     split: SplitMode
 
@@ -64,6 +66,8 @@ class RolloutBody(WireModel):
     def _part_below_parts(self) -> RolloutBody:
         if self.part >= self.parts:
             raise ValueError(f"part {self.part} must be below parts {self.parts}")
+        if len(self.indices) != len(self.completions):
+            raise ValueError(f"{len(self.indices)} indices for {len(self.completions)} completions")
         return self
 
 
@@ -243,7 +247,9 @@ def to_rollout(envelope: Envelope, naming: PeerNaming = peer_id_from_public_byte
         prompt_id=body.prompt_id,
         prompt=body.prompt,
         completions=body.completions,
+        indices=body.indices,
         model_id=body.model_id,
+        weights=body.weights,
         sampling=SamplingParams.model_validate(body.sampling.model_dump()),
         split=body.split,
     )
@@ -303,7 +309,9 @@ class Signer:
             prompt_id=rollout.prompt_id,
             prompt=rollout.prompt,
             completions=rollout.completions,
+            indices=rollout.indices,
             model_id=rollout.model_id,
+            weights=rollout.weights,
             sampling=WireSamplingParams.model_validate(rollout.sampling.model_dump()),
             split=rollout.split,
         )

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SplitMode = Literal["horizontal", "vertical"]
+# SHA-256 of the author's weights when it sampled, as 64 lowercase hex digits; empty: not announced.
+WEIGHTS_PATTERN = r"^([0-9a-f]{64})?$"
 
 
 class StrictModel(BaseModel):
@@ -38,6 +40,9 @@ class Rollout(StrictModel):
 
     ``part``/``parts`` say how many rollout messages the author publishes this round, so a receiver knows
     when it has everything from that author (round quorum) without a separate control message.
+    ``indices`` names each completion's index within the author's share for the prompt (the seeded sampler
+    derives its seed from it); ``weights`` is the SHA-256 of the weights the author sampled with, so that
+    receivers route same-model checks only to authors holding their own weights (``docs/protocol.md``).
     """
 
     author: Annotated[str, Field(min_length=1, max_length=128)]
@@ -47,6 +52,14 @@ class Rollout(StrictModel):
     prompt_id: Annotated[str, Field(min_length=1, max_length=256)]
     prompt: str
     completions: tuple[str, ...]
+    indices: tuple[Annotated[int, Field(ge=0)], ...]
     model_id: Annotated[str, Field(max_length=256)]
+    weights: Annotated[str, Field(pattern=WEIGHTS_PATTERN)]
     sampling: SamplingParams
     split: SplitMode
+
+    @model_validator(mode="after")
+    def _one_index_per_completion(self) -> Rollout:
+        if len(self.indices) != len(self.completions):
+            raise ValueError(f"{len(self.indices)} indices for {len(self.completions)} completions")
+        return self

@@ -1,5 +1,5 @@
 """The admit stage: every structural check of a received rollout, in one place, driven by one
-:class:`~dgrpo.protocol.limits.Limits`.
+:class:`~dgrpo.protocol.limits.Limits` and the run's plan (:mod:`dgrpo.round.binding`).
 
 The wire layer has already checked each message on its own (size, schema, run, sizes against the limits,
 timestamp, signature, replay: :mod:`dgrpo.protocol.validator`). What is checked here needs the round: two
@@ -9,12 +9,19 @@ moments, one set of rules and one set of counters.
   ``future_round`` (more than ``limits.rounds_ahead`` ahead), ``bad_part`` (part not below parts),
   ``duplicate_part`` (the first message for an (author, part) wins), ``round_full``
   (``limits.messages_per_round``).
-- **At round close**: ``wrong_round``, ``wrong_split``, ``blacklisted`` (the reputation policy stopped
-  listening to its author), ``duplicate_part`` (the round's own rollouts and what arrived, together),
+- **At round close**, per rollout: ``wrong_round``, ``wrong_split``, ``blacklisted`` (the reputation policy
+  stopped listening to its author), ``duplicate_part`` (the round's own rollouts and what arrived, together),
   ``unknown_prompt`` (not a training prompt of the task), ``prompt_mismatch`` (the prompt text differs from
-  the task's). Receivers rebuild every prompt from its id: a peer's copy of a question or answer is never used.
+  the task's), then the plan binding (``wrong_parts``, ``off_plan``, ``over_share``, ``bad_index``,
+  ``withheld``) and ``non_canonical`` (a completion that is not ``decode(encode(text))`` under the receiver's
+  tokenizer: the reward would read another string than the learner and the model checks see); per author:
+  ``duplicate_prompt`` (a second rollout for one prompt) and ``incomplete`` (its rollouts do not cover its
+  whole plan). Receivers rebuild every prompt from its id: a peer's copy of a question or answer is never used.
 
-Every rejection is counted by reason and by author (``statistics``), for ``/status`` and ``/metrics``.
+Every rejection is counted by reason and by author (``statistics``), for ``/status`` and ``/metrics``; a
+rejected peer's completions are reported as dropped, with the reason, so that simulations count them as
+stopped. The reasons an honest author never earns (``EVIDENCE_REASONS``) are evidence for the reputation
+policy.
 """
 
 from __future__ import annotations
@@ -26,11 +33,19 @@ from dataclasses import dataclass
 
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import Rollout, SplitMode
+from dgrpo.round.binding import ROLLOUT_REASONS, ROUND_REASONS, RoundPlan
 from dgrpo.round.outcome import Admission, Admitted, Checked
 from dgrpo.tasks.base import Prompt, Task
 
 ARRIVAL_REASONS = ("closed_round", "future_round", "bad_part", "duplicate_part", "round_full")
-CLOSE_REASONS = ("wrong_round", "wrong_split", "blacklisted", "duplicate_part", "unknown_prompt", "prompt_mismatch")
+CLOSE_REASONS = (
+    "wrong_round", "wrong_split", "blacklisted", "duplicate_part", "unknown_prompt", "prompt_mismatch",
+    *ROLLOUT_REASONS, "non_canonical", *ROUND_REASONS,
+)  # fmt: skip
+# What an honest author never does, whatever the network does to its messages (``incomplete`` can be a lost
+# message; the round and split reasons a misconfigured peer): evidence of a poisoner, never diluted.
+EVIDENCE_REASONS = frozenset({"prompt_mismatch", *ROLLOUT_REASONS, "non_canonical", "duplicate_prompt"})
+Canonical = Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -58,13 +73,25 @@ def arrival_reason(
 
 
 class Admitter:
-    """The admission rules of one node: its task (prompts), its split and its limits."""
+    """The admission rules of one node: its task (prompts), its split, its limits, the run's plan (None: no
+    plan binding, for tests of the other rules) and its tokenizer's round trip (None: no canonical-text
+    rule, for a node without a model)."""
 
-    def __init__(self, task: Task, split: SplitMode, limits: Limits, self_id: str) -> None:
+    def __init__(
+        self,
+        task: Task,
+        split: SplitMode,
+        limits: Limits,
+        self_id: str,
+        plan: RoundPlan | None = None,
+        canonical: Canonical | None = None,
+    ) -> None:
         self.task = task
         self.split = split
         self.limits = limits
         self.self_id = self_id
+        self.plan = plan
+        self.canonical = canonical
         self._by_reason: Counter[str] = Counter()
         self._by_author: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -88,25 +115,33 @@ class Admitter:
         """Admit the round's rollouts (ours and the received ones) in a canonical order: nodes holding the same
         weights and receiving the same strings then make the same update."""
         ordered = sorted(rollouts, key=lambda r: (r.prompt_id, r.author, r.part))
-        admitted: list[Admitted] = []
-        dropped: list[Checked] = []
+        passed: list[Admitted] = []
         rejected: Counter[str] = Counter()
         by_author: Counter[str] = Counter()
+        dropped: list[Checked] = []
+        evidence: Counter[str] = Counter()
+
+        def reject(r: Rollout, reason: str) -> None:
+            rejected[reason] += 1
+            by_author[r.author] += 1
+            if reason in EVIDENCE_REASONS and r.author != self.self_id:
+                evidence[r.author] += 1
+            if r.author != self.self_id:
+                dropped.extend(Checked(r.author, r.prompt_id, text, False, reason) for text in r.completions)
+
         seen: set[tuple[str, int]] = set()
         for r in ordered:
             if r.author != self.self_id and blacklisted(r.author):
-                rejected["blacklisted"] += 1
-                by_author[r.author] += 1
-                dropped.extend(Checked(r.author, r.prompt_id, text, False, "blacklisted") for text in r.completions)
+                reject(r, "blacklisted")
                 continue
             key = (r.author, r.part)
             prompt, reason = (None, "duplicate_part") if key in seen else self._check(r, round_idx)
             seen.add(key)
             if prompt is None:
-                rejected[reason or "invalid"] += 1
-                by_author[r.author] += 1
-                continue
-            admitted.append(Admitted(r, prompt))
+                reject(r, reason or "invalid")
+            else:
+                passed.append(Admitted(r, prompt))
+        admitted = self._bind(passed, reject)
         with self._lock:
             self._by_reason.update(rejected)
             self._by_author.update(by_author)
@@ -117,7 +152,34 @@ class Admitter:
             rejected=dict(rejected),
             rejected_by_author=dict(by_author),
             dropped=tuple(dropped),
+            evidence_by_author=dict(evidence),
         )
+
+    def _bind(self, passed: Sequence[Admitted], reject: Callable[[Rollout, str], None]) -> list[Admitted]:
+        """The per-author rules: one rollout per (author, prompt), and an author's rollouts cover its plan or
+        none of them is admitted."""
+        if self.plan is None:
+            return list(passed)
+        first: dict[tuple[str, str], Admitted] = {}
+        for a in sorted(passed, key=lambda a: (a.rollout.author, a.rollout.part)):  # the lowest part wins
+            key = (a.rollout.author, a.rollout.prompt_id)
+            if key in first:
+                reject(a.rollout, "duplicate_prompt")
+            else:
+                first[key] = a
+        covered: dict[str, set[str]] = {}
+        for author, prompt_id in first:
+            covered.setdefault(author, set()).add(prompt_id)
+        admitted = []
+        for a in passed:
+            r = a.rollout
+            if first.get((r.author, r.prompt_id)) is not a:
+                continue
+            if covered[r.author] != self.plan.ids(r.author, r.round):
+                reject(r, "incomplete")
+            else:
+                admitted.append(a)
+        return admitted
 
     def _check(self, rollout: Rollout, round_idx: int) -> tuple[Prompt | None, str | None]:
         """(the task's prompt, None) to admit, or (None, reason)."""
@@ -130,6 +192,10 @@ class Admitter:
             return None, "unknown_prompt"
         if prompt.text != rollout.prompt:
             return None, "prompt_mismatch"
+        if self.plan is not None and (reason := self.plan.reason(rollout)) is not None:
+            return None, reason
+        if self.canonical is not None and any(self.canonical(c) != c for c in rollout.completions):
+            return None, "non_canonical"
         return prompt, None
 
     # ------------------------------------------------------------------ counters

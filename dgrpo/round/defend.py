@@ -5,12 +5,18 @@ its group before the group's advantages are computed. The node's own completions
 in a homogeneous network every node must train on the same completions, or the weights drift apart (a node
 keeping its own completion that the others reject), and group-based filters (``length``) must see the same
 whole group everywhere. Per-peer counts and the reputation policy are about peers only.
+
+The group rule: where a proof (``sampling-proof``, :attr:`Defense.proof`) rejects one completion of an
+author's group for a prompt, the rest of that group is rejected too (``<defense>:group``). With the plan
+binding every index of the share is present, so an author cannot keep the draws that suit it and replace
+the others: the whole group goes. Proof failures, and the admission rejections an honest peer never earns,
+are evidence for the reputation policy (an absolute count, not a rate).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dgrpo.defense.base import Candidate, DefenseContext, Verdict
 from dgrpo.defense.chain import DefenseChain
@@ -31,23 +37,44 @@ def undefended(admitted: Sequence[Admitted]) -> list[Kept]:
     return [Kept(a.rollout.author, a.prompt, text) for a in admitted for text in a.rollout.completions]
 
 
+def group_rule(candidates: Sequence[Candidate], verdicts: list[Verdict], proofs: frozenset[str]) -> list[Verdict]:
+    """Every completion of an (author, prompt) group in which a proof rejected one, rejected."""
+    failed: dict[tuple[str, str], str] = {}
+    for c, v in zip(candidates, verdicts, strict=True):
+        name = v.reason.split(":", 1)[0]
+        if not v.accept and name in proofs:
+            failed.setdefault((c.author, c.prompt.id), name)
+    if not failed:
+        return verdicts
+    return [
+        Verdict(False, f"{failed[(c.author, c.prompt.id)]}:group") if v.accept and (c.author, c.prompt.id) in failed
+        else v
+        for c, v in zip(candidates, verdicts, strict=True)
+    ]  # fmt: skip
+
+
 def defend(
     chain: DefenseChain | None,
     reputation: Reputation | None,
     ctx: DefenseContext,
     admitted: Sequence[Admitted],
     self_id: str,
+    evidence: Mapping[str, int] | None = None,
 ) -> tuple[list[Kept], DefenseOutcome | None]:
     """The completions that go on to be scored (in the admitted order), and what the chain did (None
-    without a chain). The reputation policy records this round and says whom to blacklist from now on."""
+    without a chain). The reputation policy records this round (``evidence``: the admit stage's, per
+    author) and says whom to blacklist from now on."""
     if chain is None:
         return undefended(admitted), None
     candidates = [
-        Candidate(a.rollout.author, a.prompt, text, i, a.rollout.sampling, a.rollout.model_id)
+        Candidate(a.rollout.author, a.prompt, text, index, a.rollout.sampling, a.rollout.model_id, a.rollout.weights)
         for a in admitted
-        for i, text in enumerate(a.rollout.completions)
+        for index, text in zip(a.rollout.indices, a.rollout.completions, strict=True)
     ]
     result = chain.run(ctx, candidates)
+    proofs = chain.proof_names()
+    result.verdicts = group_rule(candidates, result.verdicts, proofs)
+    proof_failures: Counter[str] = Counter(evidence or {})
     kept: list[Kept] = []
     checked: list[Checked] = []
     by_reason: Counter[str] = Counter()
@@ -63,10 +90,13 @@ def defend(
         if not v.accept:
             by_reason[v.reason] += 1
             rejected_by[c.author] += 1
+            name, _, why = v.reason.partition(":")
+            if name in proofs and why != "group":
+                proof_failures[c.author] += 1
     blacklisted: list[str] = []
     if reputation is not None:
-        for author, n in checked_by.items():
-            reputation.record(ctx.round, author, n, rejected_by[author])
+        for author in sorted(set(checked_by) | set(proof_failures)):
+            reputation.record(ctx.round, author, checked_by[author], rejected_by[author], proof_failures[author])
         blacklisted = reputation.update(ctx.round)
     outcome = DefenseOutcome(
         names=tuple(chain.names),

@@ -14,6 +14,7 @@ from dgrpo.config import RolloutConfig
 from dgrpo.learner.learner import Learner
 from dgrpo.learner.sampler import completion_seed
 from dgrpo.protocol.messages import Rollout, SamplingParams
+from dgrpo.round.binding import plan_key, planned_prompts
 from dgrpo.seeds import stable_seed
 from dgrpo.tasks.base import Prompt, Task
 
@@ -21,13 +22,12 @@ from dgrpo.tasks.base import Prompt, Task
 def plan(
     task: Task, rollout: RolloutConfig, run_id: str, peer_id: str, round_idx: int, adversary: Adversary | None = None
 ) -> list[Prompt]:
-    """This round's prompts. Horizontal: the same global prompts on every node; vertical: the node's own
-    (paper, sec. 3). An adversary may choose others (receivers only check that a prompt exists)."""
-    key = f"{run_id}/{round_idx}"
-    if rollout.split == "vertical":
-        key += f"/{peer_id}"
-    planned = task.sample_prompts(rollout.prompts_per_round, key)
+    """This round's prompts (:mod:`dgrpo.round.binding`). Horizontal: the same global prompts on every node;
+    vertical: the node's own (paper, sec. 3). An adversary may answer others (receivers reject them as
+    ``off_plan``)."""
+    planned = planned_prompts(task, rollout, run_id, peer_id, round_idx)
     if adversary is not None:
+        key = plan_key(run_id, round_idx, peer_id, rollout.split)
         return adversary.choose_prompts(task, planned, rollout.split, key)
     return planned
 
@@ -43,15 +43,28 @@ def completion_seeds(run_id: str, peer_id: str, round_idx: int, prompts: Sequenc
 
 
 def attack_context(
-    task: Task, learner: Learner, rollout: RolloutConfig, round_idx: int, sampling: SamplingParams
-) -> AttackContext:
-    """What an adversary may use: the task and its node's own model, sampling with a seed of its own."""
+    task: Task, learner: Learner, rollout: RolloutConfig, run_id: str, peer_id: str, round_idx: int,
+    sampling: SamplingParams,
+) -> AttackContext:  # fmt: skip
+    """What an adversary may use: the task and its node's own model, sampling with a seed of its own or
+    drawing genuine seeded-sampler completions at any index (what the sampling proof accepts)."""
     extra = sampling.model_copy(update={"seed": stable_seed(sampling.seed, "attack")})
 
     def sample(prompts: Sequence[Prompt], n: int) -> list[list[str]]:
         return learner.generate([p.text for p in prompts], n, extra)
 
-    return AttackContext(task, rollout.split, round_idx, sample)
+    def draw(prompts: Sequence[Prompt], indices: Sequence[int]) -> list[list[str]]:
+        seeds = [[completion_seed(run_id, round_idx, peer_id, p.id, j) for j in indices] for p in prompts]
+        return learner.generate([p.text for p in prompts], len(indices), sampling, seeds=seeds)
+
+    def canonical(text: str) -> str:
+        return learner.canonical_text(text)
+
+    return AttackContext(
+        task, rollout.split, round_idx, sample,
+        draw=draw, canonical=canonical, plan=tuple(planned_prompts(task, rollout, run_id, peer_id, round_idx)),
+        share=rollout.completions_per_prompt,
+    )  # fmt: skip
 
 
 def generate(
@@ -63,16 +76,20 @@ def generate(
     peer_id: str,
     round_idx: int,
     adversary: Adversary | None = None,
+    weights: str = "",
 ) -> list[Rollout]:
-    """Generate this round's completions and wrap them as rollout messages (one per prompt)."""
+    """Generate this round's completions and wrap them as rollout messages: one per prompt, completion ``j``
+    at index ``j``. ``weights``: the SHA-256 of the weights sampled with (announced, see
+    :class:`~dgrpo.protocol.messages.Rollout`)."""
     prompts = plan(task, rollout, run_id, peer_id, round_idx, adversary)
     params = round_sampling(sampling, run_id, peer_id, round_idx)
     n = rollout.completions_per_prompt
     seeds = completion_seeds(run_id, peer_id, round_idx, prompts, n) if rollout.sampler == "seeded" else None
     texts = learner.generate([p.text for p in prompts], n, params, seeds=seeds)
-    if adversary is not None:
-        texts = adversary.attack(attack_context(task, learner, rollout, round_idx, params), prompts, texts)
-    return [
+    ctx = attack_context(task, learner, rollout, run_id, peer_id, round_idx, params) if adversary else None
+    if adversary is not None and ctx is not None:
+        texts = adversary.attack(ctx, prompts, texts)
+    rollouts = [
         Rollout(
             author=peer_id,
             round=round_idx,
@@ -81,9 +98,14 @@ def generate(
             prompt_id=p.id,
             prompt=p.text,
             completions=tuple(c),
+            indices=tuple(range(len(c))),
             model_id=learner.model_id,
+            weights=weights,
             sampling=params,
             split=rollout.split,
         )
         for i, (p, c) in enumerate(zip(prompts, texts, strict=True))
     ]
+    if adversary is not None and ctx is not None:
+        return adversary.publish(ctx, rollouts)
+    return rollouts

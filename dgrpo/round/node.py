@@ -25,6 +25,7 @@ from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import Rollout, SamplingParams
 from dgrpo.round.admit import Admitter
 from dgrpo.round.advantages import advantages
+from dgrpo.round.binding import RoundPlan
 from dgrpo.round.defend import defend
 from dgrpo.round.generate import generate, plan
 from dgrpo.round.outcome import Produced, RoundOutcome
@@ -60,8 +61,11 @@ class Node:
         self.adversary = adversary
         self.defense = defense
         self.reputation = reputation
-        self.admitter = Admitter(task, rollout.split, limits or Limits(), peer_id)
+        self.admitter = Admitter(
+            task, rollout.split, limits or Limits(), peer_id, RoundPlan(task, rollout, run_id), learner.canonical_text
+        )
         self._produced = Produced(0, 0.0)
+        self.weights = ""  # SHA-256 of the weights of the round being played (announced in its rollouts)
 
     def plan(self, round_idx: int) -> list[Prompt]:
         return plan(self.task, self.rollout, self.run_id, self.peer_id, round_idx, self.adversary)
@@ -73,9 +77,11 @@ class Node:
     def produce(self, round_idx: int) -> list[Rollout]:
         """This round's rollout messages (one per prompt)."""
         t0 = time.perf_counter()
+        self.weights = self.learner.weights_digest()
         rollouts = generate(
-            self.task, self.learner, self.rollout, self.sampling, self.run_id, self.peer_id, round_idx, self.adversary
-        )
+            self.task, self.learner, self.rollout, self.sampling, self.run_id, self.peer_id, round_idx,
+            self.adversary, self.weights,
+        )  # fmt: skip
         adversary = self.adversary
         stats = adversary.stats if adversary is not None and adversary.stats.last_round == round_idx else None
         self._produced = Produced(
@@ -93,8 +99,14 @@ class Node:
         ourselves, compute group advantages and update the model."""
         t0 = time.perf_counter()
         admission = self.admitter.admit(rollouts, round_idx, self.blacklisted)
-        context = DefenseContext(self.task, self.learner, self.sampling, self.run_id, round_idx)
-        kept, defense = defend(self.defense, self.reputation, context, admission.admitted, self.peer_id)
+        if not self.weights:  # a round consumed without producing (tests, a node that only listens)
+            self.weights = self.learner.weights_digest()
+        context = DefenseContext(
+            self.task, self.learner, self.sampling, self.run_id, round_idx, self.learner.model_id, self.weights
+        )
+        kept, defense = defend(
+            self.defense, self.reputation, context, admission.admitted, self.peer_id, admission.evidence_by_author
+        )
         scoring = score(self.task, kept)
         self.learner.begin_round(round_idx)
         step = update(self.learner, scoring.scored, advantages(scoring.scored, self.learner.cfg), self.sampling)

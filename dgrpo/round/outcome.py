@@ -37,7 +37,8 @@ class Admitted:
 
 @dataclass(frozen=True)
 class Checked:
-    """A peer's completion after the defense chain (or dropped unchecked: its author is blacklisted)."""
+    """A peer's completion after the defense chain, or dropped unchecked at admission (``reason``: its
+    author is blacklisted, or its rollout broke an admission rule)."""
 
     author: str
     prompt_id: str
@@ -55,7 +56,8 @@ class Admission:
     admitted: tuple[Admitted, ...]
     rejected: Mapping[str, int] = field(default_factory=dict)  # messages, by reason
     rejected_by_author: Mapping[str, int] = field(default_factory=dict)  # messages, by author
-    dropped: tuple[Checked, ...] = ()  # completions of blacklisted authors, never checked or trained on
+    dropped: tuple[Checked, ...] = ()  # peers' completions rejected here, never checked or trained on
+    evidence_by_author: Mapping[str, int] = field(default_factory=dict)  # rejections an honest peer never earns
 
 
 @dataclass(frozen=True)

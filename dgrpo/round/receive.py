@@ -64,11 +64,14 @@ class RoundInbox:
         return None
 
     def complete(self, round_idx: int, authors: Iterable[str]) -> bool:
-        """True once every author in ``authors`` has delivered every part it announced for the round."""
+        """True once every author in ``authors`` has delivered every part of the round: as many as the run's
+        plan has prompts (an author announcing more cannot hold the round open; the admit stage rejects it),
+        or, without a plan, as many as it announced."""
         bucket = self._rounds.get(round_idx, {})
+        plan = self.admitter.plan if self.admitter is not None else None
         for author in authors:
-            parts = self._parts.get((round_idx, author))
-            if parts is None or sum(1 for (a, _) in bucket if a == author) < parts:
+            parts = plan.parts if plan is not None else self._parts.get((round_idx, author))
+            if parts is None or sum(1 for (a, p) in bucket if a == author and p < parts) < parts:
                 return False
         return True
 

@@ -101,9 +101,20 @@ class RoundRows(RoundObserver):
         self.evaluator = evaluator
         self.callback = on_round
         self.rows: list[dict[str, Any]] = []
+        self.trained = self.trained_from_attackers = 0  # completions honest nodes trained on, over the run
+
+    def attacker_share(self) -> float | None:
+        """The attackers' share of every completion the honest nodes trained on (their fair share is
+        ``malicious / count``: each node contributes the same share of every round)."""
+        return self.trained_from_attackers / self.trained if self.trained else None
 
     def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
         honest = [o for o in outcomes if o.produced.attack is None]
+        attackers = {o.peer_id for o in outcomes if o.produced.attack is not None}
+        trained = sum(o.completions_trained for o in honest)
+        from_attackers = sum(1 for o in honest for s in o.scoring.scored if s.author in attackers)
+        self.trained += trained
+        self.trained_from_attackers += from_attackers
         rejected: Counter[str] = Counter()
         for o in outcomes:
             rejected.update(o.admission.rejected)
@@ -119,6 +130,7 @@ class RoundRows(RoundObserver):
             "seconds": max((o.round_seconds for o in outcomes), default=0.0),
             "reward_seconds": sum(o.scoring.seconds for o in outcomes),
             "poison_published": sum(o.produced.poisoned_count for o in outcomes),
+            "attacker_share": from_attackers / trained if trained and attackers else None,
         }
         if self.meter is not None:
             row["defense"] = self.meter.rows[round_idx]
@@ -198,6 +210,8 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         "final_honest_reward": rows.rows[-1]["honest_mean_reward"] if rows.rows else None,
         "attack": scenario.adversary.name if scenario.adversary is not None else None,
         "malicious": scenario.nodes.malicious,
+        "attacker_share": rows.attacker_share() if scenario.nodes.malicious else None,
+        "fair_share": scenario.nodes.malicious / scenario.nodes.count,
         "asr_metric": metric,
         "asr": asr,
         "final_asr": asr[-1][1] if asr else None,

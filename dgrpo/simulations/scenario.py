@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from dgrpo.config import ModelConfig, RolloutConfig, RunConfig, Section
+from dgrpo.config import SAME_MODEL_DEFENSES, ModelConfig, RolloutConfig, RunConfig, Section
 from dgrpo.errors import ConfigError
 from dgrpo.overrides import apply_overrides, explain_validation_error
 
@@ -97,6 +97,18 @@ class Scenario(RunConfig):
             raise ValueError(
                 "a federated scenario shares updates, not completions: its attackers are [federated.attack], "
                 "not [adversary] / nodes.malicious"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_same_model_check_across_models(self) -> Scenario:
+        bad = [name for name in self.defense.chain if name in SAME_MODEL_DEFENSES]
+        if self.nodes.mode == "heterogeneous" and bad:
+            raise ValueError(
+                f"defense.chain holds {bad} in a heterogeneous network: these compare a completion with the "
+                "receiver's own model and weights, which other nodes do not hold (the check would reject honest "
+                "peers, or be skipped for them); use defenses that work across models (surprisal, judge, "
+                "arith-check, code-policy, length)"
             )
         return self
 
