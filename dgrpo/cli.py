@@ -352,6 +352,16 @@ def testnet_up(
         if attack[1] >= n:
             raise ConfigError(f"{attack[1]} malicious nodes leave no honest node among {n}")
     chain = defense_chain(defense) if defense else []
+    if mode == "heterogeneous":
+        from dgrpo.config import SAME_MODEL_DEFENSES
+
+        same = [name for name in chain if name in SAME_MODEL_DEFENSES]
+        if same:
+            raise ConfigError(
+                f"--defense {','.join(same)} in a heterogeneous testnet: these compare a completion with the "
+                "receiver's own model and weights, which the other nodes do not hold; use defenses that work "
+                "across models (surprisal, judge, arith-check, code-policy, length)"
+            )
     extra = [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])]
     if topology is not None:
         extra.insert(0, f"federated.topology='{topology}'")

@@ -30,8 +30,12 @@ def test_math_vertical_attack_run_records_asr_and_poison(tmp_path: Path) -> None
     assert stats["poisoned"] == 2 * 2 * 4 and stats["filled_gibberish"] == 2 * 2 * 4
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["poison_published"] for r in rows] == [8, 8]
-    # The honest node accepted everything: the attacker's 16 completions are among the 32 it trained on.
-    assert all(r["completions_accepted"] == 2 * 32 for r in rows)
+    # Its chosen prompts are not its plan (derivable from run, round and author): every node rejects them as
+    # off_plan, so each trains on the honest node's 16 completions alone (the paper's vertical attacker
+    # picks its prompts; plan binding, docs/protocol.md, takes that choice away).
+    assert all(r["completions_accepted"] == 2 * 16 for r in rows)
+    assert all(r["rejected"]["off_plan"] == 2 * 2 for r in rows)  # 2 rollouts, at each of the 2 nodes
+    assert summary["attacker_share"] == 0.0 and summary["fair_share"] == 0.5
     assert (tmp_path / "asr.png").stat().st_size > 1000
 
 

@@ -74,6 +74,9 @@ def test_testnet_adversary_spec_errors_are_clear(tmp_path: Path) -> None:
     assert too_many.exit_code == 2 and "no honest node" in too_many.output
     bad_count = runner.invoke(app, ["testnet", "up", "-n", "3", "--out", out, "--adversary", "text:x"])
     assert bad_count.exit_code == 2 and "COUNT" in bad_count.output
+    hetero = runner.invoke(app, ["testnet", "up", "-n", "3", "--out", out, "--mode", "heterogeneous",
+                                 "--defense", "length,sampling-proof"])  # fmt: skip
+    assert hetero.exit_code == 2 and "sampling-proof" in hetero.output and "own model" in hetero.output
     assert not (tmp_path / "net").exists()  # nothing was started
 
 

@@ -36,10 +36,18 @@ def test_logit_stops_text_and_blacklists_the_attacker(tmp_path: Path) -> None:
     assert [r["completions_accepted"] for r in rows[1:]] == [2 * 4 * 4 + 4 * 6] * 2
 
 
+# Every digit pair with a one-digit sum made false as 2+2=5 is (a+b -> a+b+1): most planned prompts then have a
+# column to falsify. The paper's 2+2=5 alone needs the attacker to pick prompts with a 2+2 column, which the
+# plan binding rejects (off_plan).
+EVERY_PAIR = "[" + ",".join(f'"{a}+{b}={a + b + 1}"' for a in range(10) for b in range(10) if a + b < 9) + "]"
+
+
 def test_sampling_proof_stops_math_where_logit_does_not(tmp_path: Path) -> None:
-    """MATH, vertical (the attacker picks prompts with a 2+2 column): 'logit' lets the false steps through
-    (digits are in the top-k), 'sampling-proof' rejects them; neither rejects an honest completion."""
-    base = [*SMALL, "round.prompts_per_round=3", "rollout.sampler=seeded", "defense.reputation.enabled=false"]
+    """MATH, vertical, on the attacker's own plan: 'logit' lets the false steps through (digits are in the
+    top-k), 'sampling-proof' rejects them; neither rejects an honest completion."""
+    base = [*SMALL, "round.prompts_per_round=3", "rollout.sampler=seeded", "defense.reputation.enabled=false",
+            "adversary.options.choose_prompts=false", f"adversary.options.facts={EVERY_PAIR}",
+            "adversary.in_sync=true"]  # fmt: skip
     stop = {}
     for name in ["logit", "sampling-proof"]:
         out = tmp_path / name

@@ -50,6 +50,15 @@ class AdversaryConfig(Section):
         ),
     ] = None
     seed: Annotated[int, Field(ge=0, description="seed of the attack's own random choices")] = 0
+    in_sync: Annotated[
+        bool,
+        Field(
+            description="the attacker trains through the honest nodes' defense chain, so that its weights stay "
+            "equal to theirs and same-model checks keep accepting its genuine draws (routed by weights, "
+            "docs/protocol.md); false: it trains on everything it receives, its own poison included, its "
+            "weights drift and same-model checks reject it as foreign_model"
+        ),
+    ] = False
     options: Annotated[dict[str, Any], Field(description="attack-specific options (see each attack)")] = Field(
         default_factory=dict
     )

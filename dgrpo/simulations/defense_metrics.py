@@ -9,6 +9,9 @@
   cost of a checked completion is the checking node's own cost per completion that round (same model, same
   machine); completions dropped unchecked (blacklisted) count in neither.
 
+Rejections by the admit stage (plan binding, canonical text, a blacklisted author) count as stops like a
+defense's: the poison never reaches the learner. Without a chain, the admit stage is the only filter.
+
 Poison is known exactly: each attacker records the (prompt id, text) pairs it poisoned this round. The
 attacker's other completions (honest fill, gibberish) are counted apart, as ``attacker_other``.
 """
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dgrpo.round.observer import RoundObserver
-from dgrpo.round.outcome import RoundOutcome
+from dgrpo.round.outcome import Checked, RoundOutcome
 
 
 class DefenseMeter(RoundObserver):
@@ -48,7 +51,7 @@ class DefenseMeter(RoundObserver):
                 continue
             produced = o.produced
             per_completion = produced.seconds / produced.completions if produced.completions else 0.0
-            checked = [*o.admission.dropped, *(o.defense.checked if o.defense is not None else ())]
+            checked = [*o.admission.dropped, *(o.defense.checked if o.defense is not None else admitted(o))]
             for c in checked:
                 if c.author in poisoned:
                     kind = "poison" if (c.prompt_id, c.text) in poisoned[c.author] else "attacker_other"
@@ -88,6 +91,16 @@ class DefenseMeter(RoundObserver):
             "defense_seconds": self.defense_seconds,
             "generation_seconds": self.generation_seconds,
         }
+
+
+def admitted(o: RoundOutcome) -> list[Checked]:
+    """A node without a chain accepts every peer completion the admit stage let through."""
+    return [
+        Checked(a.rollout.author, a.rollout.prompt_id, text, True, "")
+        for a in o.admission.admitted
+        if a.rollout.author != o.peer_id
+        for text in a.rollout.completions
+    ]
 
 
 def _rate(counts: Counter[str], kind: str) -> float | None:

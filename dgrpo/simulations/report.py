@@ -38,6 +38,8 @@ COLUMNS = [
     "stop_rate",
     "false_positive_rate",
     "overhead_ratio",
+    "attacker_share",
+    "fair_share",
     "wall_seconds",
 ]
 
@@ -80,6 +82,8 @@ def table_rows(summaries: Sequence[dict[str, Any]], baseline: dict[str, Any] | N
                 "stop_rate": defense.get("stop_rate"),
                 "false_positive_rate": defense.get("false_positive_rate"),
                 "overhead_ratio": defense.get("overhead_ratio"),
+                "attacker_share": s.get("attacker_share"),
+                "fair_share": s.get("fair_share") if s.get("malicious") else None,
                 "wall_seconds": s.get("wall_seconds"),
             }
         )

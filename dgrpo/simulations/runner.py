@@ -47,7 +47,8 @@ class SimNode:
 
 def build_nodes(scenario: Scenario) -> list[SimNode]:
     """The scenario's nodes, on one in-memory network over the real wire format; the last
-    ``nodes.malicious`` of them run the adversary (and no defense), the others the defense."""
+    ``nodes.malicious`` of them run the adversary (and no defense unless ``adversary.in_sync``), the others the
+    defense."""
     network = InMemoryNetwork(scenario.run_id, scenario.limits)
     rollout = scenario.node_rollout()
     task = get_task(scenario.task.name, **scenario.task.options)
@@ -66,7 +67,7 @@ def build_nodes(scenario: Scenario) -> list[SimNode]:
             model=scenario.node_model(i),
             rollout=rollout,
             adversary=attack,
-            defended=attack is None,
+            defended=attack is None or attack.in_sync,
         )
         inbox = RoundInbox(node.admitter)
         nodes.append(SimNode(node, network.join(peer_id), inbox, honest=attack is None))
@@ -184,7 +185,8 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         torch.set_num_threads(scenario.torch_threads)
     nodes = build_nodes(scenario)
     evaluator = build_evaluator(scenario, nodes[0].node.task, nodes)
-    meter = DefenseMeter() if scenario.defense.chain else None
+    # Measured with an attacker even without a chain: the admit stage's plan binding stops poison too.
+    meter = DefenseMeter() if scenario.defense.chain or scenario.nodes.malicious else None
     rows = RoundRows(meter, evaluator, on_round)
     evaluator.start()
     trio.run(_simulate, scenario, nodes, [evaluator, *([meter] if meter else []), rows])
