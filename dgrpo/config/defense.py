@@ -29,8 +29,8 @@ class DefenseConfig(Section):
     chain: Annotated[
         list[str],
         Field(
-            description="defenses by name (logit, sampling-proof, judge, arith-check, code-policy, length); "
-            "run cheapest first"
+            description="defenses by name (logit, sampling-proof, surprisal, judge, arith-check, code-policy, "
+            "length); run cheapest first"
         ),
     ] = Field(default_factory=list)
     options: Annotated[dict[str, dict[str, Any]], Field(description="per-defense options, by defense name")] = Field(

@@ -54,13 +54,16 @@ ACCEPT = Verdict(True)
 @dataclass(frozen=True)
 class DefenseContext:
     """What a defense may use: the task, the node's model (None where a node has none), the run's agreed
-    sampling parameters and where we are."""
+    sampling parameters and where we are. ``self_id``: the checking node's peer id (empty where unknown); its
+    own completions go through the chain too (author == self_id), and a cross-model defense calibrates on
+    them (``surprisal``)."""
 
     task: Task
     learner: Learner | None
     sampling: SamplingParams
     run_id: str
     round: int
+    self_id: str = ""
 
 
 class NoDefenseOptions(Section):

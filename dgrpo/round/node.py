@@ -93,7 +93,7 @@ class Node:
         ourselves, compute group advantages and update the model."""
         t0 = time.perf_counter()
         admission = self.admitter.admit(rollouts, round_idx, self.blacklisted)
-        context = DefenseContext(self.task, self.learner, self.sampling, self.run_id, round_idx)
+        context = DefenseContext(self.task, self.learner, self.sampling, self.run_id, round_idx, self.peer_id)
         kept, defense = defend(self.defense, self.reputation, context, admission.admitted, self.peer_id)
         scoring = score(self.task, kept)
         self.learner.begin_round(round_idx)
