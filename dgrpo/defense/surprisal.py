@@ -14,8 +14,8 @@ not whether the author's sampler could have), and the completion's score is the 
 long normal completion is not averaged away; the median so that an honest completion's isolated unlikely
 tokens (where the author's sampler took a rare branch, or its model differs from ours on one digit) do not
 count, while an injected phrase raises most tokens of its window. GRAIL's validator reads the same signal
-over a whole rollout (median chosen-token probability <= 0.30, i.e. surprisal >= 1.2 nats; see
-``docs/papers``); the window makes it local.
+over a whole rollout (median chosen-token probability <= 0.30, i.e. surprisal >= 1.2 nats); the window
+makes it local.
 
 **Rule.** A score is compared with a threshold calibrated on the receiver's OWN completions: the
 ``quantile`` of the scores of its last ``calibration_size`` completions, plus ``margin``, clamped to
