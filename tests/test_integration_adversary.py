@@ -57,3 +57,24 @@ def test_code_attacker_among_daemons_scored_in_the_real_sandbox(tmp_path: Path) 
         # every completion trained on that holds a program was run (one without a program scores 0 unrun)
         assert status["completions_trained"] / 2 < runs <= status["completions_trained"]
         assert status["poison_monitor"]["flagged"]["code"] > 0
+
+
+def test_an_over_publishing_daemon_is_held_to_its_share_and_blacklisted_on_evidence(tmp_path: Path) -> None:
+    # Over real gossipsub: the attacker sends 4x its share of genuine seeded draws per prompt. Every honest
+    # daemon rejects each such rollout (over_share, counted against the attacker), trains on none of them, and
+    # the evidence (3 rollouts no honest peer would send) blacklists it whatever its honest completions.
+    nodes = start_testnet(3, tmp_path, rounds=2, defense=["sampling-proof"], extra=FAST, adversary=("over-publish", 1))
+    try:
+        assert wait_rounds(nodes, 2, lambda statuses: None, timeout=300)
+    finally:
+        assert stop_nodes(nodes)
+    attacker = nodes[2].peer_id
+    statuses = [json.loads((nd.state_dir / "status.json").read_text()) for nd in nodes]
+    assert statuses[2]["adversary"]["poisoned"] > 0
+    for status in statuses[:2]:
+        assert status["round_rejections"]["over_share"] >= 3
+        assert status["round_rejections_by_peer"][attacker] >= 3
+        assert attacker not in status["completions_trained_by_author"]
+        reputation = status["defense"]["reputation"][attacker]
+        assert reputation["evidence"] >= 3 and reputation["blacklisted"]
+        assert attacker in status["defense"]["blacklisted"]

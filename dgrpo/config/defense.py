@@ -43,9 +43,9 @@ class DefenseConfig(Section):
     chain: Annotated[
         list[str],
         Field(
-            description="defenses by name (logit, sampling-proof, judge, arith-check, code-policy, length); "
-            "run cheapest first. Same-model checks (logit, sampling-proof) apply only to authors announcing "
-            "this node's model and weights"
+            description="defenses by name (logit, sampling-proof, surprisal, judge, arith-check, code-policy, "
+            "length); run cheapest first. Same-model checks (logit, sampling-proof) apply only to authors "
+            "announcing this node's model and weights"
         ),
     ] = Field(default_factory=list)
     foreign: Annotated[

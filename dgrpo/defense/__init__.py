@@ -1,8 +1,9 @@
 """Defenses: filters between receive and learn ("Hail to the Thief", sec. 6), and the reputation policy.
 
 Importing this package registers the built-in defenses: ``length``, ``arith-check`` and ``code-policy``
-(cheap, task-aware), ``logit`` (the paper's, homogeneous), ``sampling-proof`` (ours, homogeneous) and
-``judge`` (the paper's LLM-as-a-judge, any setting).
+(cheap, task-aware), ``logit`` (the paper's, homogeneous), ``sampling-proof`` (ours, homogeneous),
+``surprisal`` (ours, heterogeneous: the receiver's own model reads every completion) and ``judge`` (the paper's
+LLM-as-a-judge, any setting).
 """
 
 from dgrpo.config import DefenseConfig, ReputationConfig, parse_defense_spec
@@ -12,6 +13,7 @@ from dgrpo.defense import judge as judge
 from dgrpo.defense import length as length
 from dgrpo.defense import logit as logit
 from dgrpo.defense import sampling_proof as sampling_proof
+from dgrpo.defense import surprisal as surprisal
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.chain import ChainResult, DefenseChain
 from dgrpo.defense.registry import DEFENSES

@@ -55,8 +55,10 @@ ACCEPT = Verdict(True)
 @dataclass(frozen=True)
 class DefenseContext:
     """What a defense may use: the task, the node's model (None where a node has none), the run's agreed
-    sampling parameters, where we are, and the node's own model name and weights digest (the chain routes
-    same-model checks by them)."""
+    sampling parameters, where we are, the node's own model name and weights digest (the chain routes
+    same-model checks by them) and ``self_id``: the checking node's peer id (empty where unknown); its own
+    completions go through the chain too (author == self_id), and a cross-model defense calibrates on them
+    (``surprisal``)."""
 
     task: Task
     learner: Learner | None
@@ -65,6 +67,7 @@ class DefenseContext:
     round: int
     model_id: str = ""
     weights: str = ""
+    self_id: str = ""
 
     def same_model(self, candidate: Candidate) -> bool:
         """Whether ``candidate``'s author announces this node's model and weights: only then can a check

@@ -102,8 +102,9 @@ class Node:
         if not self.weights:  # a round consumed without producing (tests, a node that only listens)
             self.weights = self.learner.weights_digest()
         context = DefenseContext(
-            self.task, self.learner, self.sampling, self.run_id, round_idx, self.learner.model_id, self.weights
-        )
+            self.task, self.learner, self.sampling, self.run_id, round_idx, self.learner.model_id, self.weights,
+            self.peer_id,
+        )  # fmt: skip
         kept, defense = defend(
             self.defense, self.reputation, context, admission.admitted, self.peer_id, admission.evidence_by_author
         )
