@@ -92,7 +92,9 @@ def test_arith_check_rejects_false_step_in_rewarded_completion_only() -> None:
     assert task.reward(p, poisoned) == 1.0 and task.reward(p, slip) == 0.0
     verdicts = run("arith-check", task, [cand(p, scratchpad(322, 452)), cand(p, poisoned), cand(p, slip)])
     assert [v.accept for v in verdicts] == [True, False, True]
-    assert verdicts[1].reason == "arith-check:false_claim" and verdicts[1].score == 1.0
+    # Two findings since issue 12 made the check read the scratchpad as a whole: the false step, and the steps'
+    # digits (5, 7, 7) not writing the answer 774. The reason is the first, the score counts both.
+    assert verdicts[1].reason == "arith-check:false_claim" and verdicts[1].score == 2.0
     strict = run("arith-check", task, [cand(p, slip)], rewarded_only=False)
     assert not strict[0].accept
 
