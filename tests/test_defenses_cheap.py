@@ -108,8 +108,9 @@ def test_code_policy_violations() -> None:
     assert violations("import calc\nprint(calc.addition(1, 2))", allowed) == ["import calc", "call into calc"]
     assert violations("from calc import addition\nprint(addition(1, 2))", allowed) == ["from calc import"]
     assert violations("print(__import__('calc').addition(1, 2))", allowed) == ["call __import__"]
-    # A name never imported raises NameError at run time (reward 0): not a policy matter.
-    assert violations("print(calc.addition(1, 2))", allowed) == []
+    # A name never imported would raise NameError at run time (reward 0). Since issue 12 the policy is an
+    # allow-list and rejects it all the same: it cannot tell a typo from a name a trick put in scope.
+    assert violations("print(calc.addition(1, 2))", allowed) == ["name calc"]
     # Near-misses: the name in a string or a comment is not an import.
     assert violations("# import calc\nprint('calc.addition', 3)", allowed) == []
 
