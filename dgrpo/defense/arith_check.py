@@ -20,10 +20,10 @@ By default only completions that earn a reward are checked (``rewarded_only``): 
 completion gets a non-positive advantage and teaches nothing, while a wrong step in a rewarded one is exactly
 what the attack publishes. Honest models make slips too; rejecting the rewarded ones among them costs little.
 
-Honest false positives, measured: on GSM8K's 7,473 train reference solutions 4.0% are rejected with the
-defaults (0.9% for false claims alone; :mod:`dgrpo.defense.provenance` gives the other settings, and
-``scripts/arith_check_gsm8k.py`` re-measures). On the tiny ``arith`` task every reference scratchpad is
-accepted (a test walks all of them); see ``docs/results.md`` for the rate on the tiny model's own samples.
+Honest false positives, measured: on GSM8K's 7,473 train reference solutions 2.5% are rejected with the
+defaults (0.9% for false claims alone, 9.4% with the strict ``provenance = "claims"``; the table is in
+:mod:`dgrpo.defense.provenance`, and ``scripts/arith_check_gsm8k.py`` re-measures). On the tiny ``arith`` task
+the reference scratchpads of all 980,100 questions are accepted (checked once; the tests walk a sample).
 """
 
 from __future__ import annotations

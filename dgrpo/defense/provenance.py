@@ -23,10 +23,10 @@ this rule and the answer, default constants):
 =========  ============  =========  ==================================================
 mode       check_answer  rejected   stops (first claim's operand n -> n+1, result redone)
 =========  ============  =========  ==================================================
-stated     yes           2.5%       66.8% (the default)
-claims     yes           9.7%       72.2%
-claims     no            6.0%       71.2%
-off        no            0.8%       0.4% (false claims only: the check this rule extends)
+stated     yes           2.5%       66.9% (the default)
+claims     yes           9.4%       72.2%
+claims     no            6.1%       71.3%
+off        no            0.9%       0.4% (false claims only: the check this rule extends)
 =========  ============  =========  ==================================================
 
 The strict rule (``claims``) is not low: honest prose computes numbers outside ``a op b = c`` claims (``Half
