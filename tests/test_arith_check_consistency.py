@@ -121,7 +121,7 @@ def test_any_single_number_corruption_is_rejected(a: int, b: int, at: int, field
     true one that breaks the chain)."""
     steps = [Step(c.x, c.y, c.carry, c.total) for c in columns(a, b)]
     assume(at < len(steps) and value != getattr(steps[at], field))
-    assume(value <= (19 if field == "total" else 9 if field != "carry" else 1))
+    assume(value <= (19 if field == "total" else 9))  # still a well-formed step: the reward reads it
     steps[at] = steps[at]._replace(**{field: value})
     text = ",".join(f"{s.x}+{s.y}+{s.carry}={s.total}" for s in steps) + f">{a + b}"
     assert ARITH.reward(arith_prompt(a, b), text) == 1.0

@@ -23,7 +23,11 @@ what the attack publishes. Honest models make slips too; rejecting the rewarded 
 Honest false positives, measured: on GSM8K's 7,473 train reference solutions 2.5% are rejected with the
 defaults (0.9% for false claims alone, 9.4% with the strict ``provenance = "claims"``; the table is in
 :mod:`dgrpo.defense.provenance`, and ``scripts/arith_check_gsm8k.py`` re-measures). On the tiny ``arith`` task
-the reference scratchpads of all 980,100 questions are accepted (checked once; the tests walk a sample).
+the reference scratchpads of all 980,100 questions are accepted (checked once; the tests walk a sample). On the
+tiny model's own samples (``dgrpo simulate math-vertical``, 8 rounds, reputation off) it rejected 22 of 768
+honest completions of other nodes (FPR 0.029; the per-claim check alone, same seed: 20, 0.026): rewarded
+scratchpads whose carries or digits do not chain, the model getting the answer right through wrong steps. Stop
+rate 1.000 for both.
 """
 
 from __future__ import annotations

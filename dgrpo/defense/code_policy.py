@@ -15,7 +15,11 @@ reward, nothing taught). Tasks whose completions are not programs are passed.
 False positives on honest programs, measured with the defaults: none among the reference programs of every
 one of ``arith-code``'s 1,077,904 prompts (training and held out; a test walks a sample), and 1 of HumanEval's
 164 canonical solutions (HumanEval/160 builds an expression string and calls ``eval`` on it: exactly what the
-policy must refuse). A name the program never binds is rejected too, though it would only raise NameError.
+policy must refuse). On the tiny model's own samples (``dgrpo simulate code-vertical``, 20 rounds, reputation
+off) it rejected 8 of 1,920 honest completions of other nodes (FPR 0.004; the deny-list: 0) with stop rate
+1.000 (both): all calls to a misspelt name (``primt(199*51)``), which would raise NameError and earn nothing.
+Such names are rejected all the same because a name the program never binds may still exist when it runs: a
+package installed on the victim can add it to the builtins from a ``.pth`` file at start-up.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ is allowed and rejects everything else:
   and no relative imports);
 - names read: those the program binds itself (definitions, assignments, parameters, loop, comprehension,
   ``with``, ``except`` and ``match`` targets, its allowed imports), the allowed builtins, and ``__name__``.
-  An unknown name would raise NameError at run time; it is rejected all the same (the check cannot tell a
-  typo from a name some trick put in scope), and on the tasks' reference programs this costs nothing.
+  An unknown name would usually raise NameError at run time; it is rejected all the same, because a package
+  installed on the victim can put names into the builtins at start-up (a ``.pth`` file runs code), and on
+  the tasks' reference programs this costs nothing.
   ``type`` may only be called with one argument (three build a class);
 - names bound: not a builtin the allow-list leaves out (``if 0: eval = None`` would make a later ``eval(...)``
   look like the program's own function while it runs the real one), and no dunder outside a class body;
@@ -68,7 +69,8 @@ REFLECTIVE: frozenset[tuple[str, str]] = frozenset(
         ("string", "Formatter"),  # Formatter().get_field('0.__globals__', ...) returns the object
     }
 )
-FRAME_FIELD_RE = re.compile(r"(?:gi|cr|ag|f|tb|co)_[a-z]+")  # generator, coroutine, frame, traceback, code
+# Generator, coroutine, async generator, traceback and code objects' fields, and a frame's own.
+FRAME_FIELD_RE = re.compile(r"(?:gi|cr|ag|tb|co)_[a-z_]+|f_(?:back|builtins|code|globals|locals|lasti|lineno|trace\w*)")
 ALWAYS_READABLE = frozenset({"__name__"})
 NAME_ATTRIBUTES = frozenset({"__name__", "__qualname__", "__doc__"})  # strings: ``type(x).__name__``
 
