@@ -92,7 +92,9 @@ def test_arith_check_rejects_false_step_in_rewarded_completion_only() -> None:
     assert task.reward(p, poisoned) == 1.0 and task.reward(p, slip) == 0.0
     verdicts = run("arith-check", task, [cand(p, scratchpad(322, 452)), cand(p, poisoned), cand(p, slip)])
     assert [v.accept for v in verdicts] == [True, False, True]
-    assert verdicts[1].reason == "arith-check:false_claim" and verdicts[1].score == 1.0
+    # Two findings since issue 12 made the check read the scratchpad as a whole: the false step, and the steps'
+    # digits (5, 7, 7) not writing the answer 774. The reason is the first, the score counts both.
+    assert verdicts[1].reason == "arith-check:false_claim" and verdicts[1].score == 2.0
     strict = run("arith-check", task, [cand(p, slip)], rewarded_only=False)
     assert not strict[0].accept
 
@@ -106,8 +108,9 @@ def test_code_policy_violations() -> None:
     assert violations("import calc\nprint(calc.addition(1, 2))", allowed) == ["import calc", "call into calc"]
     assert violations("from calc import addition\nprint(addition(1, 2))", allowed) == ["from calc import"]
     assert violations("print(__import__('calc').addition(1, 2))", allowed) == ["call __import__"]
-    # A name never imported raises NameError at run time (reward 0): not a policy matter.
-    assert violations("print(calc.addition(1, 2))", allowed) == []
+    # A name never imported would raise NameError at run time (reward 0). Since issue 12 the policy is an
+    # allow-list and rejects it all the same: it cannot tell a typo from a name a trick put in scope.
+    assert violations("print(calc.addition(1, 2))", allowed) == ["name calc"]
     # Near-misses: the name in a string or a comment is not an import.
     assert violations("# import calc\nprint('calc.addition', 3)", allowed) == []
 

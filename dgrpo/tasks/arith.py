@@ -8,11 +8,16 @@ false intermediate step (the gap the in-context MATH attack uses) nor extra word
 out-of-context TEXT attack uses). Well-formed means: the reasoning is a comma-separated list of steps, each
 containing a column computation ``a+b+c=s`` (other text in a step is allowed), then ``>`` and the answer,
 within :data:`MAX_CHARS` characters.
+
+The question determines the whole scratchpad (:func:`columns`): a defense that checks a reasoning's
+consistency, not just each step alone, reads it from :meth:`ArithTask.scratchpad_columns`.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from dgrpo.seeds import stable_seed
 from dgrpo.tasks.base import Prompt, Task
@@ -20,6 +25,7 @@ from dgrpo.tasks.registry import TASKS
 
 STEP = r"\d\+\d\+\d=\d{1,2}"
 STEP_RE = re.compile(STEP, re.ASCII)
+STEP_PARTS_RE = re.compile(r"(\d)\+(\d)\+(\d)=(\d{1,2})", re.ASCII)  # STEP with its four numbers
 ANSWER_RE = re.compile(r"^([^>\n]+)>(\d{1,5})$", re.ASCII)
 MAX_CHARS = 512  # bounds the work on hostile text; 5x the longest honest completion
 LOW, HIGH = 10, 999  # operands have 2 or 3 digits
@@ -27,17 +33,59 @@ SPAN = HIGH - LOW + 1
 EVAL_MODULUS = 10  # pairs with stable_seed(pair) % 10 == 0 are held out for evaluation
 
 
+@dataclass(frozen=True)
+class Column:
+    """One column of the written addition: the operands' digits ``x`` and ``y`` and the carry coming in."""
+
+    x: int
+    y: int
+    carry: int
+
+    @property
+    def total(self) -> int:
+        return self.x + self.y + self.carry
+
+    def __str__(self) -> str:
+        return f"{self.x}+{self.y}+{self.carry}={self.total}"
+
+
+class Step(NamedTuple):
+    """A column step as a completion states it: ``x+y+carry=total``, the total not necessarily true."""
+
+    x: int
+    y: int
+    carry: int
+    total: int
+
+
+def columns(a: int, b: int) -> list[Column]:
+    """The columns of ``a+b``, least significant first; a missing digit of the shorter operand is 0."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    out, carry = [], 0
+    for i in range(max(len(da), len(db))):
+        column = Column(int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0, carry)
+        out.append(column)
+        carry = column.total // 10
+    return out
+
+
 def scratchpad(a: int, b: int) -> str:
     """The correct completion for ``a+b=``."""
-    da, db = str(a)[::-1], str(b)[::-1]
-    steps, carry = [], 0
-    for i in range(max(len(da), len(db))):
-        x = int(da[i]) if i < len(da) else 0
-        y = int(db[i]) if i < len(db) else 0
-        s = x + y + carry
-        steps.append(f"{x}+{y}+{carry}={s}")
-        carry = s // 10
-    return ",".join(steps) + f">{a + b}"
+    return ",".join(str(c) for c in columns(a, b)) + f">{a + b}"
+
+
+def stated_steps(completion: str) -> tuple[list[Step], str] | None:
+    """The column steps (the first ``x+y+c=s`` of each) and the answer of a well-formed completion, else None."""
+    if parse_answer(completion) is None:
+        return None
+    reasoning, _, answer = completion.strip().rpartition(">")
+    steps = []
+    for text in reasoning.split(","):
+        m = STEP_PARTS_RE.search(text)
+        if m is None:  # unreachable after parse_answer; kept so that a change there cannot crash a caller
+            return None
+        steps.append(Step(*(int(g) for g in m.groups())))
+    return steps, answer
 
 
 def parse_answer(completion: str) -> str | None:
@@ -108,6 +156,10 @@ class ArithTask(Task):
 
     def reference_completion(self, prompt: Prompt) -> str | None:
         return scratchpad(int(prompt.meta["a"]), int(prompt.meta["b"]))
+
+    def scratchpad_columns(self, prompt: Prompt) -> list[Column]:
+        """The columns every correct scratchpad for ``prompt`` must compute, in order."""
+        return columns(int(prompt.meta["a"]), int(prompt.meta["b"]))
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         try:

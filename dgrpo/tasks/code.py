@@ -159,6 +159,11 @@ class SandboxedTask(Task, ABC):
     def reward_isolation(self) -> str | None:
         return self.sandbox.launcher.name
 
+    def submitted_program(self, prompt: Prompt, completion: str) -> str | None:
+        """The program the reward runs for ``completion``, without the task's own test code (which is trusted),
+        or None when there is none: what a policy on peers' programs reads (the ``code-policy`` defense)."""
+        return extract_program(completion)
+
     def reward_statistics(self) -> dict[str, int]:
         return {f"sandbox_{k}": v for k, v in self.sandbox.statistics().items()}
 
@@ -248,8 +253,8 @@ def humaneval_rows() -> list[dict[str, str]]:
         raise DataNotFoundError(f"cannot read HumanEval data {path}: {exc}") from exc
 
 
-def humaneval_program(prompt: Prompt, completion: str) -> str | None:
-    """The test program for a completion: the prompt, the completion, the tests and ``check(entry_point)``.
+def humaneval_solution(prompt: Prompt, completion: str) -> str | None:
+    """The prompt completed by ``completion``, without the tests; None when there is no code or it does not parse.
 
     A completion that restates ``def <entry_point>(`` (models often repeat the signature) is appended as a
     whole definition after the prompt rather than as a body: the later definition wins, and the prompt's
@@ -261,7 +266,15 @@ def humaneval_program(prompt: Prompt, completion: str) -> str | None:
     entry = str(prompt.meta["entry_point"])
     restated = re.search(rf"^[ \t]*def[ \t]+{re.escape(entry)}[ \t]*\(", region, re.MULTILINE)
     solution = prompt.text + "\n" + region.strip("\n") if restated else prompt.text + region
-    program = f"{solution}\n\n{prompt.meta['test']}\n\ncheck({entry})\n"
+    return solution if is_valid_python(solution) else None
+
+
+def humaneval_program(prompt: Prompt, completion: str) -> str | None:
+    """The test program for a completion: its :func:`humaneval_solution`, the tests and ``check(entry_point)``."""
+    solution = humaneval_solution(prompt, completion)
+    if solution is None:
+        return None
+    program = f"{solution}\n\n{prompt.meta['test']}\n\ncheck({prompt.meta['entry_point']})\n"
     return program if is_valid_python(program) else None
 
 
@@ -290,6 +303,9 @@ class HumanEvalTask(SandboxedTask, PromptListTask):
                 meta={"entry_point": row["entry_point"], "test": row["test"], "task_id": row["task_id"]},
             )
             (self._held_out if index % HUMANEVAL_EVAL_EVERY == 0 else self._train).append(prompt)
+
+    def submitted_program(self, prompt: Prompt, completion: str) -> str | None:
+        return humaneval_solution(prompt, completion)
 
     def parse_answer(self, completion: str) -> str | None:
         """The code the completion contributes (a function body or a whole definition), or None."""
