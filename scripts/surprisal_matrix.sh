@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The heterogeneous defense matrix (issue 12, item 4): every attack x {cheap chain, surprisal, surprisal +
-# cheap chain} on heterogeneous mixes of the tiny models, 4 nodes, 1 malicious (node-3), reputation off (the
-# stop rates measure the filters themselves), one simulation at a time.
-# Usage: ROUNDS=10 bash scripts/surprisal_matrix.sh [OUT_DIR]      (default runs/surprisal)
+# cheap chain, judge} on heterogeneous mixes of the tiny models, 4 nodes, 1 malicious (node-3), reputation off
+# (the stop rates measure the filters themselves), one simulation at a time.
+# Usage: ROUNDS=10 JUDGE_ROUNDS=3 bash scripts/surprisal_matrix.sh [OUT_DIR]      (default runs/surprisal)
+# The judge is SmolLM2-135M-Instruct on the CPU (as in scripts/defense_matrix.sh), hence its fewer rounds.
+# MATH runs on the attacker's own plan (the plan binding rejects the paper's chosen prompts as off_plan), with
+# every one-digit column sum a+b made a+b+1 (as 2+2=5) so that most planned prompts carry poison.
 # nodes.models is assigned round-robin, so node-3 (the attacker) gets models[3 % len]:
 #   E2 = code-text, text (honest: code-text, text, code-text; attacker: text): both English-reading models;
 #   A4 = tiny-arith, llama, code-text, text (honest: two digits-only models of two architectures and code-text);
@@ -14,6 +17,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-runs/surprisal}"
 ROUNDS="${ROUNDS:-10}"
+JUDGE_ROUNDS="${JUDGE_ROUNDS:-3}"
+FACTS="[$(for a in 0 1 2 3 4 5 6 7 8 9; do for b in 0 1 2 3 4 5 6 7 8 9; do if [ $((a + b)) -lt 9 ]; then printf '"%d+%d=%d",' $a $b $((a + b + 1)); fi; done; done | sed 's/,$//')]"
+MATH=(-s adversary.options.choose_prompts=false -s "adversary.options.facts=$FACTS")
 PY="${PY:-.venv/bin/python}"
 E2='["dgrpo:tiny-arith-code-text","dgrpo:tiny-arith-text"]'
 A4='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama","dgrpo:tiny-arith-code-text","dgrpo:tiny-arith-text"]'
@@ -24,20 +30,23 @@ declare -A CHAIN=(
     [cheap]='["length","arith-check","code-policy"]'
     [surprisal]='["surprisal"]'
     [both]='["surprisal","length","arith-check","code-policy"]'
+    [judge]='["judge"]'
 )
 run() {  # name scenario models chain [extra -s overrides...]
     local name=$1 scenario=$2 models=$3 chain=$4
     shift 4
     [ -f "$OUT/$name/summary.json" ] && return 0
-    "$PY" -m dgrpo simulate "$scenario" --out "$OUT/$name" -s "rounds=$ROUNDS" -s nodes.mode=heterogeneous \
+    local rounds=$ROUNDS
+    [[ $name == *-judge ]] && rounds=$JUDGE_ROUNDS
+    "$PY" -m dgrpo simulate "$scenario" --out "$OUT/$name" -s "rounds=$rounds" -s nodes.mode=heterogeneous \
         -s "nodes.models=$models" -s defense.reputation.enabled=false -s "defense.chain=$chain" \
         -s eval.every=100 -s eval.prompts=32 -s eval.asr_prompts=32 "$@"
 }
-for c in cheap surprisal both; do
+for c in cheap surprisal both judge; do
     run "text-E2-$c" text-horizontal "$E2" "${CHAIN[$c]}" -s learner.lr=2e-4
     run "text-A4-$c" text-horizontal "$A4" "${CHAIN[$c]}" -s learner.lr=2e-4
     run "text-D3-$c" text-horizontal "$D3" "${CHAIN[$c]}" -s learner.lr=2e-4
-    run "math-M2-$c" math-vertical "$M2" "${CHAIN[$c]}"
+    run "math-M2-$c" math-vertical "$M2" "${CHAIN[$c]}" "${MATH[@]}"
     run "code-C3-$c" code-horizontal "$C3" "${CHAIN[$c]}"
     run "dos-E2-$c" dos-horizontal "$E2" "${CHAIN[$c]}"
 done
