@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The heterogeneous defense matrix (issue 12, item 4): every attack x {cheap chain, surprisal, surprisal +
-# cheap chain, judge} on heterogeneous mixes of the tiny models, 4 nodes, 1 malicious (node-3), reputation off
+# The heterogeneous defense matrix (issue 12, item 4): every attack x {cheap chain, surprisal, repetition,
+# surprisal + repetition (new), judge} on heterogeneous mixes of the tiny models, 4 nodes, 1 malicious
+# (node-3), reputation off
 # (the stop rates measure the filters themselves), one simulation at a time.
 # Usage: ROUNDS=10 JUDGE_ROUNDS=3 bash scripts/surprisal_matrix.sh [OUT_DIR]      (default runs/surprisal)
 # The judge is SmolLM2-135M-Instruct on the CPU (as in scripts/defense_matrix.sh), hence its fewer rounds.
@@ -29,7 +30,8 @@ C3='["dgrpo:tiny-arith-code-text","dgrpo:tiny-arith","dgrpo:tiny-arith-llama","d
 declare -A CHAIN=(
     [cheap]='["length","arith-check","code-policy"]'
     [surprisal]='["surprisal"]'
-    [both]='["surprisal","length","arith-check","code-policy"]'
+    [repetition]='["repetition"]'
+    [new]='["surprisal","repetition"]'
     [judge]='["judge"]'
 )
 run() {  # name scenario models chain [extra -s overrides...]
@@ -42,7 +44,7 @@ run() {  # name scenario models chain [extra -s overrides...]
         -s "nodes.models=$models" -s defense.reputation.enabled=false -s "defense.chain=$chain" \
         -s eval.every=100 -s eval.prompts=32 -s eval.asr_prompts=32 "$@"
 }
-for c in cheap surprisal both judge; do
+for c in cheap surprisal repetition new judge; do
     run "text-E2-$c" text-horizontal "$E2" "${CHAIN[$c]}" -s learner.lr=2e-4
     run "text-A4-$c" text-horizontal "$A4" "${CHAIN[$c]}" -s learner.lr=2e-4
     run "text-D3-$c" text-horizontal "$D3" "${CHAIN[$c]}" -s learner.lr=2e-4

@@ -43,8 +43,8 @@ class DefenseConfig(Section):
     chain: Annotated[
         list[str],
         Field(
-            description="defenses by name (logit, sampling-proof, surprisal, judge, arith-check, code-policy, "
-            "length); run cheapest first. Same-model checks (logit, sampling-proof) apply only to authors "
+            description="defenses by name (logit, sampling-proof, surprisal, repetition, judge, arith-check, "
+            "code-policy, length); run cheapest first. Same-model checks (logit, sampling-proof) apply only to authors "
             "announcing this node's model and weights"
         ),
     ] = Field(default_factory=list)

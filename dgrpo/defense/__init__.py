@@ -2,7 +2,8 @@
 
 Importing this package registers the built-in defenses: ``length``, ``arith-check`` and ``code-policy``
 (cheap, task-aware), ``logit`` (the paper's, homogeneous), ``sampling-proof`` (ours, homogeneous),
-``surprisal`` (ours, heterogeneous: the receiver's own model reads every completion) and ``judge`` (the paper's
+``surprisal`` (ours, heterogeneous: the receiver's own model reads every completion), ``repetition`` (ours,
+any setting: the same words implanted in many of one author's completions) and ``judge`` (the paper's
 LLM-as-a-judge, any setting).
 """
 
@@ -12,6 +13,7 @@ from dgrpo.defense import code_policy as code_policy
 from dgrpo.defense import judge as judge
 from dgrpo.defense import length as length
 from dgrpo.defense import logit as logit
+from dgrpo.defense import repetition as repetition
 from dgrpo.defense import sampling_proof as sampling_proof
 from dgrpo.defense import surprisal as surprisal
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict

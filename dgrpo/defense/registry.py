@@ -1,5 +1,5 @@
-"""The defense registry: filters are found by name (``logit``, ``sampling-proof``, ``surprisal``, ``judge``,
-``arith-check``, ``code-policy``, ``length``) or by a dotted path to a user's
+"""The defense registry: filters are found by name (``logit``, ``sampling-proof``, ``surprisal``,
+``repetition``, ``judge``, ``arith-check``, ``code-policy``, ``length``) or by a dotted path to a user's
 :class:`~dgrpo.defense.base.Defense` subclass."""
 
 from __future__ import annotations
