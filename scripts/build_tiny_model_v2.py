@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_tiny_model as v1
-from build_tiny_model import (
+from tiny_model_parts import (
     BOS_ID,
     EOS_ID,
     EVAL_N,
@@ -45,6 +45,7 @@ from build_tiny_model import (
     code_completion,
     code_correct,
     collate,
+    count_params,
     encode_example,
 )
 
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
     tok = build_tokenizer()
     config = build_config(args.arch, len(tok), args.hidden, args.layers, args.intermediate)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    print(f"params={v1.count_params(model):,}", flush=True)
+    print(f"params={count_params(model):,}", flush=True)
     arith, code = ArithTask(), ArithCodeTask()
     evals = [
         EvalSet("arith", arith.eval_prompts(EVAL_N), lambda p, c: arith.reward(p, c) == 1.0),
