@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import tempfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# What write_atomically leaves behind when the process dies between mkstemp and the rename: ".<name>.<8
+# random characters>.tmp" (tempfile's names draw from [a-z0-9_]).
+ORPHAN_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 
 
 def write_atomically(path: Path, data: bytes, *, overwrite: bool = True, mode: int = 0o600) -> None:
@@ -35,6 +43,21 @@ def write_atomically(path: Path, data: bytes, *, overwrite: bool = True, mode: i
             os.unlink(tmp_name)
         raise
     _fsync_folder(folder)
+
+
+def remove_orphans(folder: Path) -> list[Path]:
+    """Remove the temporary files an interrupted :func:`write_atomically` left in ``folder`` (a SIGKILL during
+    a checkpoint write), logging each; returns them. Only the process that owns ``folder`` may call this, at
+    start, before it writes anything there: another writer's temp file in progress looks the same."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for path in sorted(folder.iterdir()):
+            if ORPHAN_RE.match(path.name) and path.is_file():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed.append(path)
+                    log.warning("removed %s, left by an interrupted write", path)
+    return removed
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -93,3 +93,28 @@ def test_reputation_and_blacklist_survive_a_resume(tmp_path: Path) -> None:
     assert again.reputation.rate("peerB") == (0.2, 10)
     assert again.restored_blacklist == ["peerC"]
     assert again.node.blacklisted("peerA") and not again.node.blacklisted("peerB")
+
+
+def test_a_write_killed_before_its_rename_leaves_a_temp_file_that_start_up_removes(tmp_path: Path) -> None:
+    # A real SIGKILL between the fsync and the rename: the temp file stays behind (issue 13: nothing removed it).
+    import subprocess
+    import sys
+
+    from dgrpo.atomic import remove_orphans
+
+    kept = tmp_path / "round-00000001.ckpt"
+    kept.write_bytes(b"an older checkpoint")
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "import dgrpo.atomic as atomic\n"
+        "atomic.os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "atomic.write_atomically(Path(sys.argv[1]), b'x' * 1000)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "round-00000002.ckpt")], check=False)
+    assert proc.returncode == -9
+    orphans = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert len(orphans) == 1 and orphans[0].name.startswith(".round-00000002.ckpt.")
+    assert remove_orphans(tmp_path) == orphans
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]  # nothing else touched
+    assert remove_orphans(tmp_path) == []

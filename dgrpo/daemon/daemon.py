@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import trio
 
-from dgrpo.atomic import write_atomically
+from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
@@ -68,6 +68,9 @@ class Daemon:
         self.settings = settings
         self.resume = resume
         settings.state_dir.mkdir(parents=True, exist_ok=True)
+        # A SIGKILL during a write leaves its temp file; nothing else would ever remove it.
+        for folder in (settings.state_dir, settings.checkpoint_folder):
+            remove_orphans(folder)
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         self.identity = load_identity(settings)
