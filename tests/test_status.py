@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
 from dgrpo.net.memory import InMemoryNetwork
@@ -62,3 +63,36 @@ def test_status_metrics_and_404() -> None:
         assert err.value.code == 404
     finally:
         server.stop()
+
+
+def test_a_request_that_never_ends_is_dropped_and_a_vanished_client_is_one_log_line(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+    import socket
+    import time
+
+    server = StatusServer("127.0.0.1", 0, lambda: {"ok": True}, CollectorRegistry(), request_timeout=0.5).start()
+    try:
+        # Headers never ended: the server closes the connection after its timeout instead of waiting forever.
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")
+            t0 = time.monotonic()
+            assert sock.recv(1024) == b""  # closed by the server
+            assert time.monotonic() - t0 < 4
+        # The server still answers others.
+        with urllib.request.urlopen(server.url + "/status", timeout=5) as resp:
+            assert json.loads(resp.read()) == {"ok": True}
+    finally:
+        server.stop()
+    # A client gone mid-answer: one line at INFO, no traceback on stderr.
+    http = StatusServer("127.0.0.1", 0, lambda: {}, CollectorRegistry())._server
+    with caplog.at_level(logging.INFO, logger="dgrpo.daemon.status"):
+        try:
+            raise BrokenPipeError(32, "Broken pipe")
+        except BrokenPipeError:
+            http.handle_error(None, ("127.0.0.1", 5555))
+    http.server_close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["status http: client ('127.0.0.1', 5555) went away (BrokenPipeError)"]
+    assert "Traceback" not in capsys.readouterr().err

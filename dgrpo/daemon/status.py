@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -117,23 +118,44 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class StatusHTTPServer(ThreadingHTTPServer):
+    """``request_timeout``: seconds a client may take to send its request (and to read the answer); a request
+    that never ends its headers is dropped then instead of holding a thread forever. A client that goes away
+    mid-answer is one log line, not a traceback."""
+
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry
+        self,
+        address: tuple[str, int],
+        snapshot: Callable[[], dict[str, Any]],
+        registry: CollectorRegistry,
+        request_timeout: float = 10.0,
     ) -> None:
-        super().__init__(address, _Handler)
+        handler = type("_TimedHandler", (_Handler,), {"timeout": request_timeout})
+        super().__init__(address, handler)
         self.snapshot = snapshot
         self.registry = registry
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.info("status http: client %s went away (%s)", client_address, type(exc).__name__)
+        else:
+            log.warning("status http: request from %s failed: %r", client_address, exc)
 
 
 class StatusServer:
     """Serve ``snapshot()`` and ``registry`` on ``host:port`` (port 0: a free port) in a background thread."""
 
     def __init__(
-        self, host: str, port: int, snapshot: Callable[[], dict[str, Any]], registry: CollectorRegistry
+        self,
+        host: str,
+        port: int,
+        snapshot: Callable[[], dict[str, Any]],
+        registry: CollectorRegistry,
+        request_timeout: float = 10.0,
     ) -> None:
-        self._server = StatusHTTPServer((host, port), snapshot, registry)
+        self._server = StatusHTTPServer((host, port), snapshot, registry, request_timeout)
         self._thread = threading.Thread(target=self._server.serve_forever, name="dgrpo-status", daemon=True)
 
     @property
