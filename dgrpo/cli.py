@@ -185,6 +185,14 @@ def node_run(
     run_id: Annotated[str | None, typer.Option(help="network/run id")] = None,
     max_rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue from the newest valid checkpoint")] = False,
+    allow_fresh: Annotated[
+        bool,
+        typer.Option(
+            "--allow-fresh",
+            help="with --resume: start fresh where resuming is impossible (no checkpoint verifies, the identity "
+            "key is missing, the checkpoint holds another model) instead of refusing",
+        ),
+    ] = False,
     adversary: Annotated[
         str | None, typer.Option(help="run as an attacker: text, dos, math or code (research testnets)")
     ] = None,
@@ -232,7 +240,7 @@ def node_run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
     for noisy in ("libp2p", "multiaddr", "async_service"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    run_daemon(load_node_settings(config, sets), resume=resume)
+    run_daemon(load_node_settings(config, sets), resume=resume, allow_fresh=allow_fresh)
 
 
 @command(app)

@@ -118,3 +118,45 @@ def test_a_write_killed_before_its_rename_leaves_a_temp_file_that_start_up_remov
     assert remove_orphans(tmp_path) == orphans
     assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]  # nothing else touched
     assert remove_orphans(tmp_path) == []
+
+
+def test_resume_refuses_to_lose_identity_or_training_silently(tmp_path: Path) -> None:
+    # Issue 13: with every checkpoint corrupt, --resume started fresh at round 1; with the key deleted it made a
+    # new identity and continued the old state under it; another model died with a raw traceback.
+    import pytest
+
+    from dgrpo.daemon.daemon import Daemon
+    from dgrpo.daemon.settings import load_node_settings
+    from dgrpo.errors import ConfigError
+
+    sets = [f"state_dir={str(tmp_path)!r}", "status.enabled=false"]
+    first = Daemon(load_node_settings(None, sets))
+    first.rounds_done, first.round = 2, 3
+    first.save_checkpoint()
+    (saved,) = first.checkpoints.checkpoints()
+    peer_id = first.peer_id
+    # A SIGKILL mid-write left a temp file: the next start removes it.
+    orphan = saved.parent / f".{saved.name}.abcd1234.tmp"
+    orphan.write_bytes(b"half a checkpoint")
+
+    # Another model under the configuration: refused, naming both.
+    other = [*sets, "model.name='dgrpo:tiny-arith-llama'"]
+    with pytest.raises(ConfigError, match=r"holds model 'dgrpo:tiny-arith'.*'dgrpo:tiny-arith-llama'"):
+        Daemon(load_node_settings(None, other), resume=True)
+    assert not orphan.exists()
+    fresh = Daemon(load_node_settings(None, other), resume=True, allow_fresh=True)
+    assert (fresh.round, fresh.rounds_done) == (0, 0) and fresh.peer_id == peer_id  # fresh, same identity
+
+    # Every checkpoint corrupt: refused, naming the files; --allow-fresh starts at round 1.
+    saved.write_bytes(b"corrupt")
+    with pytest.raises(ConfigError, match=rf"none of the checkpoints .* verifies \({saved.name}\)"):
+        Daemon(load_node_settings(None, sets), resume=True)
+    assert Daemon(load_node_settings(None, sets), resume=True, allow_fresh=True).rounds_done == 0
+
+    # The identity key deleted while state remains: refused before a new key is made.
+    key = load_node_settings(None, sets).key_path
+    key.unlink()
+    with pytest.raises(ConfigError, match=r"identity key .* is missing.*round-00000002\.ckpt"):
+        Daemon(load_node_settings(None, sets), resume=True)
+    assert not key.exists()
+    assert Daemon(load_node_settings(None, sets), resume=True, allow_fresh=True).peer_id != peer_id

@@ -30,6 +30,7 @@ from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
+from dgrpo.errors import ConfigError
 from dgrpo.net.gossip import GossipConfig, GossipNode
 from dgrpo.net.p2p import Libp2pTransport
 from dgrpo.net.transport import TransportStatistics
@@ -53,8 +54,6 @@ def load_identity(settings: NodeSettings) -> Identity:
     if path.exists():
         return Identity.load(path)
     if not settings.identity.create:
-        from dgrpo.errors import ConfigError
-
         raise ConfigError(f"identity key {path} does not exist; create one with `dgrpo keygen {path}`")
     path.parent.mkdir(parents=True, exist_ok=True)
     identity = Identity.generate()
@@ -63,10 +62,29 @@ def load_identity(settings: NodeSettings) -> Identity:
     return identity
 
 
+def check_resume(settings: NodeSettings, resume: bool, allow_fresh: bool = False) -> None:
+    """``--resume`` never continues one node's state under another identity: refuse (a clear error, exit
+    status 2) when the identity key is gone but the state folder holds a node's checkpoints or protocol
+    state, unless ``allow_fresh`` says a new node may start there."""
+    if not resume or allow_fresh or settings.key_path.exists():
+        return
+    folder = settings.checkpoint_folder
+    held = sorted(p.name for p in folder.glob("round-*.ckpt")) if folder.is_dir() else []
+    held += [name for name in ("nonce.json", "replay.json") if (settings.state_dir / name).exists()]
+    if held:
+        raise ConfigError(
+            f"--resume: the identity key {settings.key_path} is missing, but {settings.state_dir} holds a node's "
+            f"state ({', '.join(held)}); continuing it under a new identity would hand one node's training and "
+            "protocol state to another. Restore the key, or pass --allow-fresh to start a new node there"
+        )
+
+
 class Daemon:
-    def __init__(self, settings: NodeSettings, resume: bool = False) -> None:
+    def __init__(self, settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
         self.settings = settings
         self.resume = resume
+        self.allow_fresh = allow_fresh
+        check_resume(settings, resume, allow_fresh)
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         # A SIGKILL during a write leaves its temp file; nothing else would ever remove it.
         for folder in (settings.state_dir, settings.checkpoint_folder):
@@ -118,10 +136,30 @@ class Daemon:
     # ----------------------------------------------------------------- checkpoints
     def _restore(self) -> CheckpointState | None:
         state = self.checkpoints.load_latest()
+        found = [p.name for p in self.checkpoints.checkpoints()]
         if state is None:
+            if found and not self.allow_fresh:
+                raise ConfigError(
+                    f"--resume: none of the checkpoints in {self.checkpoints.folder} verifies ({', '.join(found)}); "
+                    "refusing to start fresh over them (--allow-fresh does)"
+                )
             log.warning("--resume: no valid checkpoint in %s; starting fresh", self.checkpoints.folder)
             return None
-        self.learner.model.load_state_dict(state.model)
+        configured = self.settings.model.name
+        saved = state.meta.get("model")
+        problem = None
+        if saved is not None and saved != configured:
+            problem = f"holds model {saved!r}, the configuration names {configured!r}"
+        else:
+            try:
+                self.learner.model.load_state_dict(state.model)
+            except RuntimeError as exc:  # another architecture or size under the same name
+                problem = f"does not fit the configured model {configured!r} ({str(exc).splitlines()[0]})"
+        if problem is not None:
+            if not self.allow_fresh:
+                raise ConfigError(f"--resume: the newest valid checkpoint in {self.checkpoints.folder} {problem}")
+            log.warning("--resume: the checkpoint %s; starting fresh (--allow-fresh)", problem)
+            return None
         self.learner.optimizer.load_state_dict(state.optimizer)
         self.rounds_done = int(state.meta.get("rounds_done", state.round))
         self.round = state.round + 1
@@ -145,6 +183,7 @@ class Daemon:
         blacklisted = sorted(set(self.gossip.blacklisted()) if self.gossip else set(self.restored_blacklist))
         meta: dict[str, Any] = {
             "peer_id": self.peer_id,
+            "model": self.settings.model.name,
             "rounds_done": self.rounds_done,
             "run_id": self.settings.run_id,
             "blacklisted": blacklisted,
@@ -373,13 +412,13 @@ class Daemon:
         log.info("stopped cleanly after %d rounds", self.rounds_done)
 
 
-def run_daemon(settings: NodeSettings, resume: bool = False) -> None:
+def run_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
     if settings.mode == "federated":
         from dgrpo.daemon.federated import FederatedDaemon  # imports this module
 
-        trio.run(FederatedDaemon(settings, resume=resume).run)
+        trio.run(FederatedDaemon(settings, resume=resume, allow_fresh=allow_fresh).run)
     else:
-        trio.run(Daemon(settings, resume=resume).run)
+        trio.run(Daemon(settings, resume=resume, allow_fresh=allow_fresh).run)
 
 
 def read_node_file(state_dir: Path) -> dict[str, Any] | None:

@@ -34,7 +34,7 @@ import trio
 
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
-from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.daemon import Daemon, check_resume
 from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of
 from dgrpo.daemon.fed_sync import (
     MAX_SOURCES,
@@ -64,8 +64,9 @@ log = logging.getLogger("dgrpo.daemon")
 
 
 class FederatedDaemon(Daemon):
-    def __init__(self, settings: NodeSettings, resume: bool = False) -> None:
-        super().__init__(settings, resume=False)
+    def __init__(self, settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
+        check_resume(settings, resume, allow_fresh)  # before the base class makes a new identity
+        super().__init__(settings, resume=False, allow_fresh=allow_fresh)
         self.resume = resume
         self.cfg = settings.federated or FederatedConfig()
         if self.cfg.method != "federated":
