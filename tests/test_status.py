@@ -95,4 +95,6 @@ def test_a_request_that_never_ends_is_dropped_and_a_vanished_client_is_one_log_l
     http.server_close()
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["status http: client ('127.0.0.1', 5555) went away (BrokenPipeError)"]
-    assert "Traceback" not in capsys.readouterr().err
+    # socketserver's default handle_error prints this header and the traceback to stderr. (Only the header is
+    # checked: in the full suite a handler another test left on a closed stream prints its own logging error.)
+    assert "Exception occurred during processing of request" not in capsys.readouterr().err
