@@ -130,6 +130,9 @@ class Daemon:
         self.gossip: GossipNode | None = None
         self.status_url: str | None = None
         self.restored_blacklist: list[str] = []
+        self.catch_ups = 0  # times this node fell behind and rejoined at the network's round
+        self._connected_at_start: set[str] = set()
+        self._announce = trio.Event()  # set to send a heartbeat now (after a jump to another round)
         if resume:
             self._restore()
 
@@ -252,6 +255,10 @@ class Daemon:
             if self.node.adversary is None
             else {"name": self.node.adversary.name, **self.node.adversary.stats.as_dict()},
             "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
+            "catch_ups": self.catch_ups,
+            "last_departed": list(last.departed) if last else [],
+            "stuck_peers": sorted(gossip.stuck_peers()) if gossip else [],
+            "dropped_to_peer": gossip.dropped_to_peer() if gossip else {},
             "defense": None
             if self.node.defense is None
             else {
@@ -337,7 +344,9 @@ class Daemon:
             self.metrics.peers.set(len(self.gossip.connected_peers()))
             self.metrics.active_peers.set(len(self.transport.peers()))
             self.metrics.blacklisted.set(len(self.gossip.blacklisted()))
-            await trio.sleep(self.settings.rounds.heartbeat_seconds)
+            with trio.move_on_after(self.settings.rounds.heartbeat_seconds):
+                await self._announce.wait()
+            self._announce = trio.Event()
 
     def _error(self, message: str) -> None:
         log.warning(message)
@@ -363,29 +372,89 @@ class Daemon:
             # we join at the next one, which we will see whole.
             log.info("joining at round %d (the network is in round %d)", network_round + 1, network_round)
             self.round = network_round + 1
+            self._announce.set()
 
-    def expected_peers(self, round_idx: int) -> set[str]:
-        """Active peers whose rollouts for ``round_idx`` we should wait for: those at or behind it (they will
-        publish it), and those ahead of it that have already sent some of it. A peer that joined after this
-        round began never publishes it and is not waited for."""
+    def progress(self, peer: str) -> int:
+        """How far along ``peer`` is: the newer of the round its last heartbeat announced and the newest round
+        it sent us rollouts for (a rollout can overtake the heartbeat that announces its round)."""
         assert self.transport is not None
         table = {p.peer_id: p for p in self.transport.peer_table()}
+        heard = table[peer].round if peer in table else 0
+        return max(heard, self.inbox.latest.get(peer, 0))
+
+    def live_peers(self) -> set[str]:
+        """Active peers (heard within ``peer_timeout``, not ``stopping``, not blacklisted) that have not
+        disconnected since the round began."""
+        assert self.transport is not None and self.gossip is not None
+        gone = self._connected_at_start - self.gossip.connected_peers()
+        return self.transport.peers() - gone
+
+    def expected_peers(self, round_idx: int) -> set[str]:
+        """Live peers whose rollouts for ``round_idx`` we wait for: those that already sent some of it, and those
+        in step with it (at it, or one round behind and about to publish it). A peer that joined after this
+        round began never publishes it; a straggler two or more rounds behind rejoins at the network's round
+        (:meth:`_catch_up`) and never publishes this one either: neither is waited for."""
         sent = self.inbox.authors(round_idx)
-        return {p for p in self.transport.peers() if table[p].round <= round_idx or p in sent}
+        return {p for p in self.live_peers() if p in sent or round_idx - 1 <= self.progress(p) <= round_idx}
+
+    def network_round(self) -> int:
+        """The round the network is in: the lower median of the live, running peers' progress (one peer
+        announcing a far-off round cannot move it), 0 when none has completed a round."""
+        assert self.transport is not None
+        table = {p.peer_id: p for p in self.transport.peer_table()}
+        live = self.live_peers()
+        rounds = sorted(
+            self.progress(p) for p in live if p in table and table[p].status == "running" and table[p].rounds_done
+        )
+        return rounds[(len(rounds) - 1) // 2] if rounds else 0
+
+    def _catch_up(self) -> None:
+        """A node that fell behind (frozen, suspended, partitioned) rejoins at the round after the network's
+        current one (whose rollouts went out while it was away), as a late joiner does."""
+        network = self.network_round()
+        if network > self.round:
+            log.warning(
+                "behind the network (round %d, network in %d): rejoining at round %d", self.round, network, network + 1
+            )
+            self._error(f"fell behind at round {self.round}; rejoined at round {network + 1}")
+            self.round = network + 1
+            self.catch_ups += 1
+            self._announce.set()
+
+    async def _await_peers(self) -> None:
+        """Before a round of a node that needs peers (``min_peers``) but hears none, wait at most two heartbeat
+        periods: a node that was suspended hears nobody until their next heartbeats, and would otherwise run
+        rounds alone instead of catching up. One silent peer among live ones costs nothing here."""
+        s = self.settings.rounds
+        with trio.move_on_after(2 * s.heartbeat_seconds):
+            while s.min_peers and not self.live_peers():
+                await trio.sleep(0.05)
 
     async def _rounds(self) -> None:
-        assert self.transport is not None
+        assert self.transport is not None and self.gossip is not None
         s = self.settings.rounds
         await self._join()
         self.state = "running"
         self.round = max(self.round, 1)
         while s.max_rounds is None or self.rounds_done < s.max_rounds:
-            expected = self.expected_peers(self.round)
-            outcome = await run_round(self.node, self.transport, self.inbox, self.round, expected, s.deadline_seconds)
+            self._connected_at_start = self.gossip.connected_peers()
+            await self._await_peers()
+            self._catch_up()
+            r = self.round
+            expected = self.expected_peers(r)
+
+            def still_expected(waiting: set[str], r: int = r) -> set[str]:
+                return waiting & self.expected_peers(r)
+
+            outcome = await run_round(
+                self.node, self.transport, self.inbox, r, expected, s.deadline_seconds, still_expected=still_expected
+            )
             self.rounds_done += 1
             self.round = outcome.round + 1
             notify(self.observers, outcome.round, [outcome])
-            missing = expected - outcome.authors
+            if outcome.departed:
+                log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, outcome.departed)
+            missing = expected - outcome.authors - set(outcome.departed)
             if missing:
                 self._error(f"round {outcome.round} closed at its deadline without {sorted(missing)}")
             self.replay.save(self.replay_path)

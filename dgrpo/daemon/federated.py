@@ -308,6 +308,7 @@ class FederatedDaemon(Daemon):
         self.round = max(self.round, 1)
         self.client = self._setup_client()
         while s.max_rounds is None or self.rounds_done < s.max_rounds:
+            self._connected_at_start = self.gossip.connected_peers() if self.gossip is not None else set()
             diverged = await self._federated_round(self.client, self.round)
             if not diverged:  # a diverged node does not hand its weights to joiners
                 await self._serve_snapshot(self.round)
@@ -356,7 +357,10 @@ class FederatedDaemon(Daemon):
         diverged = False
         if self.is_aggregator():
             expected = self.expected_peers(r) | {self.peer_id}
-            await ex.wait(lambda: expected <= set(ex.submissions.get(r, {})), deadline)
+            # A peer that announces ``stopping``, falls silent or disconnects is no longer waited for.
+            await ex.wait(
+                lambda: expected & (self.live_peers() | {self.peer_id}) <= set(ex.submissions.get(r, {})), deadline
+            )
             received = ex.received(r)
             row["missing"] = sorted(expected - set(received))
             agreement = agree(base, ex.bases.get(r, {}))

@@ -98,6 +98,7 @@ def round_line(o: RoundOutcome) -> dict[str, Any]:
         "seconds": round(o.round_seconds, 2),
         "reward_seconds": round(o.scoring.seconds, 3),
         "expected_peers": len(o.expected),
+        "departed": list(o.departed),
         "completions": o.completions_trained,
         "rejected": dict(o.admission.rejected),
         "defense_rejected": dict(o.defense.rejected) if o.defense is not None else {},

@@ -55,8 +55,9 @@ class RoundSettings(Section):
         bool, Field(description="after max_rounds keep gossiping and serving status until SIGINT/SIGTERM")
     ] = False
     peer_timeout_seconds: Annotated[
-        float, Field(gt=0, description="a peer silent this long is no longer expected at quorum")
-    ] = 20.0
+        float,
+        Field(gt=0, description="a peer silent this long is no longer expected, even mid-round (4 heartbeats)"),
+    ] = 8.0
 
 
 class CheckpointSettings(Section):

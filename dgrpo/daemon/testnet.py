@@ -71,6 +71,7 @@ def node_overrides(
         f"rounds.min_peers={n - 1}",
         "rounds.linger=true",
         "rounds.heartbeat_seconds=0.5",
+        "rounds.peer_timeout_seconds=4",
         "rounds.deadline_seconds=60",
     ]
     if rounds is not None:

@@ -92,7 +92,15 @@ class GossipConfig(BaseModel):
     max_outbound_queue: Annotated[
         int, Field(ge=1, le=31, description="publish waits while a peer's outbound queue (32 RPCs) is longer")
     ] = 8
-    pacing_timeout: Annotated[float, Field(gt=0.0, description="s publish waits on a stuck peer, then sends")] = 10.0
+    pacing_timeout: Annotated[float, Field(gt=0.0, description="s publish waits at most for the queues")] = 10.0
+    stuck_after: Annotated[
+        float,
+        Field(
+            gt=0.0,
+            description="s a peer's full outbound queue may stay unmoved before publish stops waiting for it "
+            "(what does not fit is dropped to that peer, counted per peer)",
+        ),
+    ] = 1.0
     inbound_queue: Annotated[int, Field(ge=1, description="messages buffered per topic; more are dropped")] = 4096
     bootstrap_backoff_initial: Annotated[float, Field(gt=0.0, description="s before the first redial")] = 0.5
     bootstrap_backoff_max: Annotated[float, Field(gt=0.0, description="cap on the redial backoff, in s")] = 30.0
@@ -146,6 +154,8 @@ class GossipStatistics:
     dropped: int
     validator_rejected: int
     pacing_timeouts: int
+    stuck_peers: int  # times publish stopped waiting for a peer whose queue did not move
+    dropped_to_peers: int  # RPCs not sent because a peer's outbound queue was full
     bootstrap_attempts: int
     bootstrap_failures: int
     connected_peers: int
@@ -221,6 +231,11 @@ class GossipNode:
         self._inboxes: dict[str, tuple[trio.MemorySendChannel[GossipMessage], bool]] = {}
         self._counts: Counter[str] = Counter()
         self._closed = False
+        # peer -> (queue length last seen, time it last moved or was short): a queue that stays long without
+        # moving belongs to a frozen or stalled peer, and publish must not wait on it (one peer must never
+        # set everyone's pace: a SIGSTOPped peer made every honest round wait pacing_timeout).
+        self._queue_watch: dict[str, tuple[int, float]] = {}
+        self._stuck: set[str] = set()
 
     @classmethod
     @asynccontextmanager
@@ -273,7 +288,16 @@ class GossipNode:
 
     def statistics(self) -> GossipStatistics:
         counts = {f.name: self._counts[f.name] for f in fields(GossipStatistics)}
-        return GossipStatistics(**{**counts, "connected_peers": len(self._pubsub.peers)})
+        dropped = sum(self._router.dropped_to_peer.values())
+        return GossipStatistics(**{**counts, "connected_peers": len(self._pubsub.peers), "dropped_to_peers": dropped})
+
+    def dropped_to_peer(self) -> dict[str, int]:
+        """Messages py-libp2p dropped because the peer's outbound queue was full, per peer."""
+        return dict(self._router.dropped_to_peer)
+
+    def stuck_peers(self) -> set[str]:
+        """Peers publish currently does not wait for (their queue has not moved for ``stuck_after`` s)."""
+        return set(self._stuck)  # a copy: the status server reads it from its own thread
 
     async def wait_for_peers(self, n: int, timeout: float) -> None:
         """Return once ``n`` peers have a pubsub stream; :class:`GossipTimeoutError` after ``timeout`` s."""
@@ -398,8 +422,12 @@ class GossipNode:
         return [queue for peer, queue in self._pubsub.peer_queues.items() if peer in self._pubsub.peers]
 
     async def _pace(self) -> None:
+        """Wait while a peer's outbound queue is longer than ``max_outbound_queue``, except for peers whose queue
+        has not moved for ``stuck_after`` s: for those, py-libp2p drops what does not fit (counted per peer in
+        :meth:`dropped_to_peer`), and they catch up on the round from heartbeats when they move again."""
+
         def backlog() -> bool:
-            return max(map(len, self._live_queues()), default=0) > self.config.max_outbound_queue
+            return any(length > self.config.max_outbound_queue for length in self._watch_queues().values())
 
         with trio.move_on_after(self.config.pacing_timeout):
             while backlog():
@@ -407,6 +435,42 @@ class GossipNode:
             return
         self._counts["pacing_timeouts"] += 1
         logger.warning("a peer's outbound queue stayed full for %s s; publishing anyway", self.config.pacing_timeout)
+
+    def _watch_queues(self) -> dict[str, int]:
+        """The lengths of the live queues publish waits for, updating which peers are stuck."""
+        now = time.monotonic()
+        waiting: dict[str, int] = {}
+        live = {
+            peer.to_base58(): queue for peer, queue in self._pubsub.peer_queues.items() if peer in self._pubsub.peers
+        }
+        for peer in set(self._queue_watch) - set(live):
+            del self._queue_watch[peer]
+            self._stuck.discard(peer)
+        for peer, queue in live.items():
+            length = len(queue)
+            seen, since = self._queue_watch.get(peer, (-1, now))
+            # Only a shrinking (or short) queue shows the peer reads: ours grows it, and a frozen peer's queue
+            # grows to py-libp2p's 32 and stays there.
+            if length < seen or length <= self.config.max_outbound_queue:
+                since = now
+            self._queue_watch[peer] = (length, since)
+            if now - since > self.config.stuck_after:
+                if peer not in self._stuck:
+                    self._stuck.add(peer)
+                    self._counts["stuck_peers"] += 1
+                    logger.warning(
+                        "%s's outbound queue has not moved for %s s (%d RPCs): not waiting for it; what does not "
+                        "fit is dropped to it and counted",
+                        peer,
+                        self.config.stuck_after,
+                        length,
+                    )
+                continue
+            if peer in self._stuck:
+                self._stuck.discard(peer)
+                logger.info("%s's outbound queue moves again", peer)
+            waiting[peer] = length
+        return waiting
 
     async def _flush(self, timeout: float) -> None:
         """Wait until our outbound queues are empty, then until every peer has read what we sent."""

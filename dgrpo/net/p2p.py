@@ -186,7 +186,12 @@ class Libp2pTransport(Transport):
 
     def statistics(self) -> TransportStatistics:
         stats = self.validator.statistics()
-        dropped = {"inbound_full": self.dropped_inbound, "subscription_full": self.gossip.statistics().dropped}
+        gossip = self.gossip.statistics()
+        dropped = {
+            "inbound_full": self.dropped_inbound,
+            "subscription_full": gossip.dropped,
+            "peer_queue_full": gossip.dropped_to_peers,  # outbound, to a frozen or slow peer (by peer in /status)
+        }
         return TransportStatistics(
             accepted=stats.accepted,
             rejected_by_reason=dict(stats.rejected_by_reason),

@@ -15,6 +15,7 @@ import contextvars
 import logging
 import secrets
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
@@ -107,6 +108,14 @@ class ReceiptGossipSub(GossipSub):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self._receipts: dict[tuple[ID, bytes], trio.Event] = {}
+        # RPCs py-libp2p dropped because a peer's outbound queue was full (a frozen or slow peer), per peer:
+        # py-libp2p only records them in a debug log.
+        self.dropped_to_peer: Counter[str] = Counter()
+
+    def _handle_dropped_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, reason: str) -> None:
+        if rpc.publish:
+            self.dropped_to_peer[peer_id.to_base58()] += len(rpc.publish)
+        super()._handle_dropped_rpc(peer_id, rpc, reason)
 
     async def read_receipt(self, peer: ID) -> None:
         token = b"\xff" + secrets.token_bytes(15)  # not ASCII, so py-libp2p does not try to parse it as hex

@@ -112,7 +112,8 @@ class Scoring:
 class RoundOutcome:
     """One node's round. ``step`` is None when nothing was trained on; ``defense`` when the node runs no
     chain. ``seconds``: the consuming half (admit to update); ``round_seconds`` and ``expected`` are filled
-    by :func:`dgrpo.round.run.run_round` (the whole round, and the peers it waited for)."""
+    by :func:`dgrpo.round.run.run_round` (the whole round, the peers it waited for, and those it stopped
+    waiting for)."""
 
     peer_id: str
     round: int
@@ -124,6 +125,7 @@ class RoundOutcome:
     seconds: float
     round_seconds: float = 0.0
     expected: tuple[str, ...] = ()
+    departed: tuple[str, ...] = ()  # expected at the start, no longer waited for (stopped, silent, disconnected)
 
     @property
     def completions_trained(self) -> int:

@@ -9,7 +9,7 @@ duplicate part, full round), counted there; messages a little ahead (a faster pe
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import trio
 
@@ -30,6 +30,9 @@ class RoundInbox:
         self._parts: dict[tuple[int, str], int] = {}
         self._changed = trio.Event()
         self.rejected: Counter[str] = Counter()  # arrival rejections by reason (also in the admitter's counts)
+        # author -> the newest round it sent a kept rollout for: with heartbeats, how far along each peer is
+        # (a rollout can arrive before the heartbeat that announces its round).
+        self.latest: dict[str, int] = {}
 
     def open(self, round_idx: int) -> None:
         """Start collecting ``round_idx``; anything buffered for older rounds is dropped and counted."""
@@ -59,6 +62,7 @@ class RoundInbox:
             return reason
         self._rounds[rollout.round][(rollout.author, rollout.part)] = rollout
         self._parts[(rollout.round, rollout.author)] = rollout.parts
+        self.latest[rollout.author] = max(rollout.round, self.latest.get(rollout.author, 0))
         self._changed.set()
         self._changed = trio.Event()
         return None
@@ -78,10 +82,29 @@ class RoundInbox:
     def authors(self, round_idx: int) -> set[str]:
         return {a for (a, _) in self._rounds.get(round_idx, {})}
 
-    async def wait_complete(self, round_idx: int, authors: Iterable[str]) -> None:
+    async def wait_complete(
+        self,
+        round_idx: int,
+        authors: Iterable[str],
+        still_expected: Callable[[set[str]], set[str]] | None = None,
+        recheck_seconds: float = 0.25,
+    ) -> set[str]:
+        """Wait until every author still expected has delivered; returns those no longer expected.
+        ``still_expected(expected)`` (re-asked on every arrival and every ``recheck_seconds``) narrows the set as
+        peers announce ``stopping``, fall silent or disconnect: a round never waits for the dead."""
         expected = set(authors)
-        while not self.complete(round_idx, expected):
-            await self._changed.wait()
+        waiting = expected
+        while True:
+            if still_expected is not None:
+                waiting = expected & still_expected(expected)
+            if self.complete(round_idx, waiting):
+                return expected - waiting
+            changed = self._changed
+            if still_expected is None:
+                await changed.wait()
+            else:
+                with trio.move_on_after(recheck_seconds):
+                    await changed.wait()
 
     def take(self, round_idx: int) -> list[Rollout]:
         """Close the round and return what arrived for it; later arrivals for it count as ``closed_round``."""
