@@ -60,6 +60,34 @@ def test_arrival_reasons_in_order() -> None:
     assert arrival_reason(rollout("a", P0), 3, 1, seen, limits) == "duplicate_part"
     assert arrival_reason(rollout("b", P0), 3, 2, seen, limits) == "round_full"
     assert arrival_reason(rollout("b", P0), 3, 1, seen, limits) is None
+    # An author holding its quota (its plan's parts) already: a flood, caught before round_full.
+    assert arrival_reason(rollout("b", P0), 3, 2, seen, limits, author_held=8, quota=8) == "over_quota"
+    assert arrival_reason(rollout("b", P0), 3, 0, seen, limits, author_held=7, quota=8) is None
+
+
+def test_a_flooding_author_is_held_to_its_plan_and_reported_as_evidence() -> None:
+    """One peer sending far more rollouts than its plan's parts must neither fill the round for the others
+    (before: a global cap of 10,000 messages, so a flood made honest peers' rollouts ``round_full``) nor go
+    unreported: each message over its quota is ``over_quota``, counted by author and reported as evidence."""
+    from dgrpo.config.rollout import RolloutConfig
+    from dgrpo.round.binding import RoundPlan
+    from dgrpo.round.receive import RoundInbox
+
+    plan = RoundPlan(TASK, RolloutConfig(prompts_per_round=2, completions_per_prompt=2), "run")
+    admitter = Admitter(TASK, "horizontal", Limits(messages_per_round=50), "me", plan=plan)
+    evidence: list[tuple[str, str]] = []
+    admitter.on_evidence = lambda author, reason: evidence.append((author, reason))
+    inbox = RoundInbox(admitter)
+    inbox.open(3)
+    flood = [rollout("x", P0, part=i, parts=1000) for i in range(200)]
+    reasons = Counter(inbox.add(r) for r in flood)
+    assert reasons == {None: 2, "over_quota": 198}
+    honest = [rollout("h", P0, part=0, parts=2), rollout("h", P1, part=1, parts=2)]
+    assert [inbox.add(r) for r in honest] == [None, None]  # the round still has room for everyone else
+    assert evidence == [("x", "over_quota")] * 198
+    stats = admitter.statistics()
+    assert stats.rejected_by_reason["over_quota"] == 198 and stats.rejected_by_author == {"x": 198}
+    assert inbox.complete(3, {"h"})
 
 
 def test_admission_at_close_counts_every_reason_by_author() -> None:

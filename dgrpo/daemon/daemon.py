@@ -16,7 +16,7 @@ import json
 import logging
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,8 @@ class Daemon:
         ]
         self.metrics.registry.register(WireCollector(self._transport_statistics, self._admission_statistics))
         self.inbox = RoundInbox(self.node.admitter)
+        self.node.admitter.on_evidence = self._arrival_evidence
+        self.arrival_evidence: Counter[str] = Counter()  # per peer: rollouts beyond its quota (a flood)
         self.round = 0  # the round in progress (or next to run)
         self.rounds_done = 0
         self.errors: deque[str] = deque(maxlen=20)
@@ -222,6 +224,13 @@ class Daemon:
         if self.transport is not None:
             self.transport.blacklist(peer, reason)
 
+    def _arrival_evidence(self, peer: str, reason: str) -> None:
+        """A rollout no honest peer sends (beyond its plan's parts in a round: a flood) counts towards
+        blacklisting like a signed-but-invalid message, on any node, with or without a defense chain."""
+        self.arrival_evidence[peer] += 1
+        if self.arrival_evidence[peer] == self.settings.limits.blacklist_after:
+            self._blacklist(peer, f"{self.arrival_evidence[peer]} rollouts rejected as {reason}")
+
     def snapshot(self) -> dict[str, Any]:
         wire = self._transport_statistics()
         admission = self._admission_statistics()
@@ -256,6 +265,7 @@ class Daemon:
             else {"name": self.node.adversary.name, **self.node.adversary.stats.as_dict()},
             "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
             "catch_ups": self.catch_ups,
+            "arrival_evidence": dict(self.arrival_evidence),
             "last_departed": list(last.departed) if last else [],
             "stuck_peers": sorted(gossip.stuck_peers()) if gossip else [],
             "dropped_to_peer": gossip.dropped_to_peer() if gossip else {},

@@ -7,8 +7,8 @@ moments, one set of rules and one set of counters.
 
 - **On arrival** (the receive stage, while rounds are open): ``closed_round`` (its round is over),
   ``future_round`` (more than ``limits.rounds_ahead`` ahead), ``bad_part`` (part not below parts),
-  ``duplicate_part`` (the first message for an (author, part) wins), ``round_full``
-  (``limits.messages_per_round``).
+  ``duplicate_part`` (the first message for an (author, part) wins), ``over_quota`` (an author holding its
+  plan's parts already: a flood, evidence at once), ``round_full`` (``limits.messages_per_round``).
 - **At round close**, per rollout: ``wrong_round``, ``wrong_split``, ``blacklisted`` (the reputation policy
   stopped listening to its author), ``duplicate_part`` (the round's own rollouts and what arrived, together),
   ``unknown_prompt`` (not a training prompt of the task), ``prompt_mismatch`` (the prompt text differs from
@@ -37,7 +37,10 @@ from dgrpo.round.binding import ROLLOUT_REASONS, ROUND_REASONS, RoundPlan
 from dgrpo.round.outcome import Admission, Admitted, Checked
 from dgrpo.tasks.base import Prompt, Task
 
-ARRIVAL_REASONS = ("closed_round", "future_round", "bad_part", "duplicate_part", "round_full")
+ARRIVAL_REASONS = ("closed_round", "future_round", "bad_part", "duplicate_part", "over_quota", "round_full")
+# An honest author sends its plan's parts once per round (gossip delivers each message once): more is a flood,
+# evidence at once, before it can fill the round for everyone (``round_full``) or the receiver's memory.
+ARRIVAL_EVIDENCE = frozenset({"over_quota"})
 CLOSE_REASONS = (
     "wrong_round", "wrong_split", "blacklisted", "duplicate_part", "unknown_prompt", "prompt_mismatch",
     *ROLLOUT_REASONS, "non_canonical", *ROUND_REASONS,
@@ -55,10 +58,17 @@ class AdmissionStatistics:
 
 
 def arrival_reason(
-    rollout: Rollout, current_round: int, held: int, seen: Container[tuple[str, int]], limits: Limits
+    rollout: Rollout,
+    current_round: int,
+    held: int,
+    seen: Container[tuple[str, int]],
+    limits: Limits,
+    author_held: int = 0,
+    quota: int | None = None,
 ) -> str | None:
     """Whether a rollout arriving while ``current_round`` is open is kept (None) or why not. ``held``:
-    messages already kept for its round; ``seen``: their (author, part) keys."""
+    messages already kept for its round; ``seen``: their (author, part) keys; ``author_held``: those of its
+    author; ``quota``: the most one author may hold for a round (its plan's parts; None: no cap)."""
     if rollout.round < current_round:
         return "closed_round"
     if rollout.round > current_round + limits.rounds_ahead:
@@ -67,6 +77,8 @@ def arrival_reason(
         return "bad_part"
     if (rollout.author, rollout.part) in seen:
         return "duplicate_part"
+    if quota is not None and author_held >= quota:
+        return "over_quota"
     if held >= limits.messages_per_round:
         return "round_full"
     return None
@@ -95,15 +107,20 @@ class Admitter:
         self._by_reason: Counter[str] = Counter()
         self._by_author: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self.on_evidence: Callable[[str, str], None] | None = None
 
     # ------------------------------------------------------------------ on arrival
     def on_arrival(
-        self, rollout: Rollout, current_round: int, held: int, seen: Container[tuple[str, int]]
+        self, rollout: Rollout, current_round: int, held: int, seen: Container[tuple[str, int]], author_held: int = 0
     ) -> str | None:
-        """Whether the receive stage keeps ``rollout`` (None) or why not; counted."""
-        reason = arrival_reason(rollout, current_round, held, seen, self.limits)
+        """Whether the receive stage keeps ``rollout`` (None) or why not; counted, and evidence reported to
+        ``on_evidence(author, reason)`` (the daemon blacklists on it)."""
+        quota = self.plan.parts if self.plan is not None else None
+        reason = arrival_reason(rollout, current_round, held, seen, self.limits, author_held, quota)
         if reason is not None:
             self._count(reason, rollout.author)
+            if reason in ARRIVAL_EVIDENCE and self.on_evidence is not None and rollout.author != self.self_id:
+                self.on_evidence(rollout.author, reason)
         return reason
 
     def count(self, reason: str, author: str, n: int = 1) -> None:

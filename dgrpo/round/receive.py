@@ -28,6 +28,7 @@ class RoundInbox:
         self.opened = False
         self._rounds: dict[int, dict[tuple[str, int], Rollout]] = defaultdict(dict)
         self._parts: dict[tuple[int, str], int] = {}
+        self._held: Counter[tuple[int, str]] = Counter()  # (round, author) -> messages kept
         self._changed = trio.Event()
         self.rejected: Counter[str] = Counter()  # arrival rejections by reason (also in the admitter's counts)
         # author -> the newest round it sent a kept rollout for: with heartbeats, how far along each peer is
@@ -47,14 +48,23 @@ class RoundInbox:
             if self.admitter is not None:
                 for author, _ in stale:
                     self.admitter.count("closed_round", author)
+        self._forget_before(round_idx)
+
+    def _forget_before(self, round_idx: int) -> None:
+        """Drop the per-author bookkeeping of rounds before ``round_idx`` (bounded memory in a long run)."""
+        for key in [k for k in self._held if k[0] < round_idx]:
+            del self._held[key]
+        for key in [k for k in self._parts if k[0] < round_idx]:
+            del self._parts[key]
 
     def add(self, rollout: Rollout) -> str | None:
         """File a received rollout; returns a rejection reason, or None when kept."""
         if not self.opened and rollout.round - self.limits.rounds_ahead > self.current:
             self._advance(rollout.round - self.limits.rounds_ahead)
         bucket = self._rounds.get(rollout.round, {})
+        mine = self._held[(rollout.round, rollout.author)]
         if self.admitter is not None:
-            reason = self.admitter.on_arrival(rollout, self.current, len(bucket), bucket)
+            reason = self.admitter.on_arrival(rollout, self.current, len(bucket), bucket, mine)
         else:
             reason = arrival_reason(rollout, self.current, len(bucket), bucket, self.limits)
         if reason is not None:
@@ -62,6 +72,7 @@ class RoundInbox:
             return reason
         self._rounds[rollout.round][(rollout.author, rollout.part)] = rollout
         self._parts[(rollout.round, rollout.author)] = rollout.parts
+        self._held[(rollout.round, rollout.author)] += 1
         self.latest[rollout.author] = max(rollout.round, self.latest.get(rollout.author, 0))
         self._changed.set()
         self._changed = trio.Event()
@@ -109,6 +120,7 @@ class RoundInbox:
     def take(self, round_idx: int) -> list[Rollout]:
         """Close the round and return what arrived for it; later arrivals for it count as ``closed_round``."""
         self.current = max(self.current, round_idx + 1)
+        self._forget_before(self.current)
         return list(self._rounds.pop(round_idx, {}).values())
 
     async def pump(self, channel: trio.MemoryReceiveChannel[Rollout]) -> None:
