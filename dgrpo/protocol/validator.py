@@ -17,8 +17,9 @@ signature verified: it proves misbehaviour, so a single one flags the author for
 first of the two messages is accepted. gossipsub's own equivocation check (py-libp2p's
 ``equivocation_detection``) cannot hide ours: it keys on the pubsub ``(from, seqno)``, while our nonce is
 inside the signed payload; every publish takes a fresh seqno, so two envelopes with the same dgrpo nonce
-travel as two distinct pubsub messages and both reach this validator (a sender that reuses a seqno only
-gets its second message dropped as seen everywhere, so that one is delivered to no one).
+travel as two distinct pubsub messages and both reach this validator. (A sender that also reuses the
+seqno gets whichever copy arrives second at a node dropped there as already seen, before validation: every
+node then validates, and accepts, at most one of the two anyway, but cannot flag the sender.)
 """
 
 from __future__ import annotations
