@@ -254,6 +254,7 @@ class Daemon:
             "messages_rejected": dict(wire.rejected_by_reason),
             "rejected_by_peer": dict(wire.rejected_by_peer),
             "messages_dropped": dict(wire.dropped),
+            "equivocating_peers": list(wire.equivocating_peers),
             "gossip": asdict(gossip.statistics()) if gossip else None,
             "round_rejections": dict(admission.rejected_by_reason),
             "round_rejections_by_peer": dict(admission.rejected_by_author),

@@ -110,4 +110,5 @@ class InMemoryTransport(Transport):
             rejected_by_reason=dict(stats.rejected_by_reason),
             rejected_by_peer=dict(stats.rejected_by_peer),
             dropped=dict(self.dropped),
+            equivocating_peers=stats.equivocators,
         )

@@ -197,6 +197,7 @@ class Libp2pTransport(Transport):
             rejected_by_reason=dict(stats.rejected_by_reason),
             rejected_by_peer=dict(stats.rejected_by_peer),
             dropped={k: v for k, v in dropped.items() if v},
+            equivocating_peers=stats.equivocators,
         )
 
     def peer_table(self) -> list[PeerInfo]:

@@ -48,3 +48,4 @@ class TransportStatistics:
     rejected_by_reason: Mapping[str, int] = field(default_factory=dict)
     rejected_by_peer: Mapping[str, int] = field(default_factory=dict)
     dropped: Mapping[str, int] = field(default_factory=dict)  # by where: inbound queue full, ...
+    equivocating_peers: tuple[str, ...] = ()  # authors that signed two contents under one nonce

@@ -8,6 +8,7 @@ widths) verifies, and has the same (author, nonce), so receivers drop it as a re
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, Final, Literal
@@ -22,6 +23,7 @@ from dgrpo.protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity,
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import WEIGHTS_PATTERN, Rollout, SamplingParams, SplitMode
 from dgrpo.protocol.nonce import NONCE_LIMIT, NonceSource
+from dgrpo.protocol.replay import DIGEST_BYTES
 from dgrpo.protocol.topics import RUN_ID_PATTERN, validate_run_id
 from dgrpo.protocol.update_bodies import GlobalBody, UpdateBody
 from dgrpo.protocol.wire import WireModel, strict_unpack
@@ -166,6 +168,14 @@ def canonical_bytes(envelope: UnsignedEnvelope) -> bytes:
     fields = [_canonical_value(getattr(envelope, name)) for name in UnsignedEnvelope.model_fields]
     packed: bytes = msgpack.packb(fields, use_bin_type=True, use_single_float=False)
     return DOMAIN_TAG + packed
+
+
+def content_digest(envelope: UnsignedEnvelope) -> bytes:
+    """What the replay guard remembers of an accepted message: the first 16 bytes of SHA-256 of its canonical
+    bytes. Equal for every re-encoding of one message (a replay), different for other signed content under
+    the same nonce (an equivocation). 128 bits: finding two contents with one digest (2^64 work) would only
+    let an equivocator pass as a replayer; its second message is rejected either way."""
+    return hashlib.sha256(canonical_bytes(envelope)).digest()[:DIGEST_BYTES]
 
 
 def encode(envelope: Envelope) -> bytes:

@@ -2,8 +2,8 @@
 
 The checks run cheapest first and in the order of ``docs/protocol.md`` ("Validation"), so a flood of junk
 costs no signature verification and no replay-state update: size, decoding and schema, version, run,
-kind (topic), limits, timestamp, signature, author versus the gossipsub source, replay. Only a message
-that passes every check has its nonce recorded.
+kind (topic), limits, timestamp, signature, author versus the gossipsub source, replay (and equivocation).
+Only a message that passes every check has its nonce recorded, with a digest of its signed content.
 
 Blacklisting policy: every rejection is counted by reason and by peer, but only rejections that prove a
 peer misbehaves count towards blacklisting, and only where the peer is authenticated. Replays, stale
@@ -11,6 +11,15 @@ nonces and clock skew are left out because an honest peer produces them (gossip 
 restart, a slow clock). The peer is authenticated when ``source_peer`` is given (gossipsub's strict
 signing checked it) or when the envelope's signature verified; without that a forger could get any
 author blacklisted by sending junk in its name.
+
+Equivocation (one author, one nonce, two signed contents) is decided at the replay check, after the
+signature verified: it proves misbehaviour, so a single one flags the author for blacklisting. Only the
+first of the two messages is accepted. gossipsub's own equivocation check (py-libp2p's
+``equivocation_detection``) cannot hide ours: it keys on the pubsub ``(from, seqno)``, while our nonce is
+inside the signed payload; every publish takes a fresh seqno, so two envelopes with the same dgrpo nonce
+travel as two distinct pubsub messages and both reach this validator. (A sender that also reuses the
+seqno gets whichever copy arrives second at a node dropped there as already seen, before validation: every
+node then validates, and accepts, at most one of the two anyway, but cannot flag the sender.)
 """
 
 from __future__ import annotations
@@ -31,12 +40,13 @@ from dgrpo.protocol.envelope import (
     ProtocolError,
     RolloutBody,
     author_peer_id,
+    content_digest,
     decode,
     verify_signature,
 )
 from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.limits import Limits
-from dgrpo.protocol.replay import ReplayGuard
+from dgrpo.protocol.replay import EQUIVOCATION, ReplayGuard
 from dgrpo.protocol.topics import validate_run_id
 from dgrpo.protocol.update_bodies import GlobalBody
 
@@ -59,6 +69,7 @@ REASONS = (
     "bad_signature",
     "wrong_author",
     "replay",
+    "equivocation",
     "stale_nonce",
 )
 # Honest peers produce these (re-delivered gossip, clock skew): counted, but never a reason to blacklist.
@@ -84,7 +95,8 @@ class ValidatorStatistics:
     rejected_by_reason: Mapping[str, int]
     rejected_by_peer: Mapping[str, int]
     penalties_by_peer: Mapping[str, int]  # rejections that count towards blacklisting
-    blacklist_candidates: tuple[str, ...]  # peers at or over limits.blacklist_after
+    blacklist_candidates: tuple[str, ...]  # peers at or over limits.blacklist_after, and equivocators
+    equivocators: tuple[str, ...] = ()  # authors proved to have signed two contents under one nonce
 
 
 class _Reject(Exception):
@@ -123,6 +135,8 @@ class MessageValidator:
         self.rejected_by_peer: Counter[str] = Counter()
         # peer -> penalised rejections; ordered by last penalty so the least recent is forgotten first
         self._penalties: OrderedDict[str, int] = OrderedDict()
+        # peer -> equivocations seen; one is proof enough to blacklist (bounded like the penalties)
+        self._equivocators: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ checks
@@ -186,16 +200,23 @@ class MessageValidator:
             authenticated = True
             if source_peer is not None and source_peer != author:
                 raise _Reject("wrong_author")
+            digest = content_digest(env)
             with self._lock:
-                reason = self.replay.check(author, env.nonce)
+                reason = self.replay.check(author, env.nonce, digest)
                 if reason is not None:
                     raise _Reject(reason)
-                self.replay.record(author, env.nonce)
+                self.replay.record(author, env.nonce, digest)
                 self.accepted += 1
             return MessageVerdict(ok=True, envelope=env, peer=source_peer or author)
         except _Reject as r:
             peer = source_peer or author or UNKNOWN_PEER
-            self._count_rejection(r.reason, peer, penalise=authenticated and r.reason not in BENIGN_REASONS)
+            self._count_rejection(
+                r.reason,
+                peer,
+                penalise=authenticated and r.reason not in BENIGN_REASONS,
+                # the signature verified and source_peer (if any) is the author: the proof is the author's own
+                equivocation=r.reason == EQUIVOCATION,
+            )
             return MessageVerdict(ok=False, reason=r.reason, envelope=env, peer=peer)
         except Exception:  # a bug, not hostile input; still never let it escape into gossipsub
             log.exception("message validation failed unexpectedly")
@@ -209,7 +230,7 @@ class MessageValidator:
             self.replay.save(path)
 
     # ------------------------------------------------------------------ counters and policy
-    def _count_rejection(self, reason: str, peer: str, *, penalise: bool) -> None:
+    def _count_rejection(self, reason: str, peer: str, *, penalise: bool, equivocation: bool = False) -> None:
         cap = self.limits.max_tracked_peers
         with self._lock:
             self.rejected_by_reason[reason] += 1
@@ -221,13 +242,18 @@ class MessageValidator:
                 self._penalties[peer] = self._penalties.pop(peer, 0) + 1
                 while len(self._penalties) > cap:
                     self._penalties.popitem(last=False)
+            if equivocation:
+                self._equivocators[peer] = self._equivocators.pop(peer, 0) + 1
+                while len(self._equivocators) > cap:
+                    self._equivocators.popitem(last=False)
 
     def should_blacklist(self, peer: str) -> bool:
-        """True once ``peer`` has ``limits.blacklist_after`` penalised rejections; the network layer acts on it."""
+        """True once ``peer`` has ``limits.blacklist_after`` penalised rejections, or at once after an equivocation
+        (proof of misbehaviour, not a symptom); the network layer acts on it."""
         if peer == UNKNOWN_PEER:
             return False
         with self._lock:
-            return self._penalties.get(peer, 0) >= self.limits.blacklist_after
+            return peer in self._equivocators or self._penalties.get(peer, 0) >= self.limits.blacklist_after
 
     def statistics(self) -> ValidatorStatistics:
         with self._lock:
@@ -238,5 +264,8 @@ class MessageValidator:
                 rejected_by_reason=MappingProxyType(dict(self.rejected_by_reason)),
                 rejected_by_peer=MappingProxyType(dict(self.rejected_by_peer)),
                 penalties_by_peer=MappingProxyType(dict(self._penalties)),
-                blacklist_candidates=tuple(sorted(p for p, n in self._penalties.items() if n >= threshold)),
+                blacklist_candidates=tuple(
+                    sorted({p for p, n in self._penalties.items() if n >= threshold} | self._equivocators.keys())
+                ),
+                equivocators=tuple(sorted(self._equivocators)),
             )
