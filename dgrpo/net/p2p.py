@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from dgrpo.net.gossip import GossipMessage, GossipNode
-from dgrpo.net.transport import Transport, TransportStatistics
+from dgrpo.net.transport import DROP_REASONS, Transport, TransportStatistics
 from dgrpo.protocol.envelope import Envelope, HeartbeatBody, Signer, to_rollout
 from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.messages import Rollout
@@ -186,7 +186,8 @@ class Libp2pTransport(Transport):
 
     def statistics(self) -> TransportStatistics:
         stats = self.validator.statistics()
-        dropped = {"inbound_full": self.dropped_inbound, "subscription_full": self.gossip.statistics().dropped}
+        counts = (self.dropped_inbound, self.gossip.statistics().dropped)
+        dropped = dict(zip(DROP_REASONS, counts, strict=True))
         return TransportStatistics(
             accepted=stats.accepted,
             rejected_by_reason=dict(stats.rejected_by_reason),
