@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import math
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -169,3 +172,190 @@ def test_worked_example(doc: str) -> None:
     env = decode(bytes.fromhex(code_block_after(doc, "<!-- test-vector: wire -->")))
     assert verify_signature(env)
     assert ident.public_bytes.hex() in doc and ident.peer_id in doc
+
+
+# ------------------------------------------------------------------------------ prompts (Plan binding)
+VECTOR_AUTHOR = Identity.from_seed(bytes(range(32))).peer_id
+
+
+def _vector_block(doc: str, name: str) -> list[str]:
+    match = re.search(rf"<!-- test-vector: {name} -->\n```\n(.*?)```", doc, re.S)
+    assert match, f"no test vector {name!r}"
+    return match.group(1).splitlines()
+
+
+class _MT19937:
+    """The generator as "Prompts and prompt ids" describes it, written without Python's ``random``."""
+
+    def __init__(self, seed: int) -> None:
+        words = [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(max(1, (seed.bit_length() + 31) // 32))]
+        mt = [19650218]
+        for i in range(1, 624):
+            mt.append((1812433253 * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i) & 0xFFFFFFFF)
+        i, j = 1, 0
+        for _ in range(max(624, len(words))):
+            mt[i] = ((mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1664525)) + words[j] + j) & 0xFFFFFFFF
+            i, j = i + 1, (j + 1) % len(words)
+            if i >= 624:
+                mt[0], i = mt[623], 1
+        for _ in range(623):
+            mt[i] = ((mt[i] ^ ((mt[i - 1] ^ (mt[i - 1] >> 30)) * 1566083941)) - i) & 0xFFFFFFFF
+            i += 1
+            if i >= 624:
+                mt[0], i = mt[623], 1
+        mt[0] = 0x80000000
+        self.mt, self.at = mt, 624
+
+    def uint32(self) -> int:
+        mt = self.mt
+        if self.at >= 624:
+            for k in range(624):
+                y = (mt[k] & 0x80000000) | (mt[(k + 1) % 624] & 0x7FFFFFFF)
+                mt[k] = mt[(k + 397) % 624] ^ (y >> 1) ^ (0x9908B0DF if y & 1 else 0)
+            self.at = 0
+        y = mt[self.at]
+        self.at += 1
+        y ^= y >> 11
+        y ^= (y << 7) & 0x9D2C5680
+        y ^= (y << 15) & 0xEFC60000
+        return y ^ (y >> 18)
+
+    def below(self, n: int) -> int:
+        bits = n.bit_length()
+        assert bits <= 32
+        while (x := self.uint32() >> (32 - bits)) >= n:
+            pass
+        return x
+
+    def sample(self, n: int, k: int) -> list[int]:
+        setsize = 21 + (4 ** math.ceil(math.log(3 * k, 4)) if k > 5 else 0)
+        out: list[int] = []
+        if n <= setsize:
+            pool = list(range(n))
+            for i in range(k):
+                j = self.below(n - i)
+                out.append(pool[j])
+                pool[j] = pool[n - i - 1]
+            return out
+        while len(out) < k:
+            j = self.below(n)
+            if j not in out:
+                out.append(j)
+        return out
+
+
+def _seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()[:8], "big") >> 1
+
+
+def _arith_pairs() -> list[tuple[int, int]]:
+    """The default task's training pairs as the document defines them."""
+    return [(a, b) for a in range(10, 1000) for b in range(10, 1000) if _seed("arith", a, b) % 10 != 0]
+
+
+def _prompts_vector(split: str, indices_of: Any, prompt_at: Any) -> list[str]:
+    key = "demo-run/7" if split == "horizontal" else f"demo-run/7/{VECTOR_AUTHOR}"
+    indices = indices_of(key)
+    lines = [f"{split}: key {key}", f"seed {_seed(key)}", f"indices {' '.join(map(str, indices))}"]
+    for part, index in enumerate(indices):
+        prompt_id, text, answer = prompt_at(index)
+        lines.append(f"part {part}: id {prompt_id} text {json.dumps(text)} answer {answer}")
+    return lines
+
+
+def test_sampling_algorithm_as_documented() -> None:
+    for key in ("demo-run/7", f"demo-run/7/{VECTOR_AUTHOR}", "x", "run/123456"):
+        seed = _seed(key)
+        for n, k in ((882050, 8), (882050, 3), (1000, 40), (30, 8), (10, 3), (22, 22), (5, 5)):
+            assert _MT19937(seed).sample(n, k) == random.Random(seed).sample(range(n), k), (key, n, k)
+    for small in (0, 1, 2**32 - 1, 2**32):
+        assert _MT19937(small).sample(100, 5) == random.Random(small).sample(range(100), 5)
+
+
+def test_prompts_test_vector(doc: str) -> None:
+    """The vector, regenerated from the code (the task and ``planned_prompts``) and from the document's own
+    description (MT19937 and the arith pair order, written out above)."""
+    from dgrpo.config import RolloutConfig
+    from dgrpo.round.binding import planned_prompts
+    from dgrpo.tasks import get_task
+
+    task = get_task("arith")
+    n = RolloutConfig().prompts_per_round
+    from_code: list[str] = []
+    for split in ("horizontal", "vertical"):
+        prompts = iter(planned_prompts(task, RolloutConfig(split=split), "demo-run", VECTOR_AUTHOR, 7))
+        from_code += _prompts_vector(
+            split,
+            lambda key: random.Random(_seed(key)).sample(range(task.num_train), n),
+            lambda i, prompts=prompts: (lambda p: (p.id, p.text, p.answer))(next(prompts)),
+        )
+    pairs = _arith_pairs()
+    assert len(pairs) == task.num_train and f"`num_train = {len(pairs)}`" in doc
+    assert task.train_prompt(0).id == f"arith/{pairs[0][0]}+{pairs[0][1]}"
+    from_doc: list[str] = []
+    for split in ("horizontal", "vertical"):
+        from_doc += _prompts_vector(
+            split,
+            lambda key: _MT19937(_seed(key)).sample(len(pairs), n),
+            lambda i: (f"arith/{pairs[i][0]}+{pairs[i][1]}", f"{pairs[i][0]}+{pairs[i][1]}=", sum(pairs[i])),
+        )
+    assert from_code == from_doc
+    assert _vector_block(doc, "prompts-arith") == from_code
+
+
+# ------------------------------------------------------------------------------ reason codes, transport
+def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
+    """Every code the code can produce has a row of "Reason codes" with its stage: a code added to the code and
+    not documented fails here (the table may list more, e.g. codes other branches are adding)."""
+    from dgrpo.net.transport import DROP_REASONS
+    from dgrpo.protocol.validator import INTERNAL_ERROR
+    from dgrpo.round.admit import ARRIVAL_EVIDENCE, ARRIVAL_REASONS, CLOSE_REASONS, EVIDENCE_REASONS
+    from dgrpo.round.binding import ROLLOUT_REASONS, ROUND_REASONS
+
+    header = ["code", "stage", "blacklisting", "when", "`/status`", "`/metrics`"]
+    rows = table_after(doc, "## Reason codes", header)
+    documented = {(r[0], r[1]): r for r in rows}
+    assert len(documented) == len(rows), "a (code, stage) row is repeated"
+    by_stage = {
+        "validator": (*REASONS, INTERNAL_ERROR),
+        "arrival": ARRIVAL_REASONS,
+        "close": (*CLOSE_REASONS, *ROLLOUT_REASONS, *ROUND_REASONS),
+        "federated": FEDERATED_REASONS,
+        "sync": SYNC_REASONS,
+        "transport": DROP_REASONS,
+    }
+    for stage, codes in by_stage.items():
+        for code in codes:
+            assert (code, stage) in documented, f"reason {code!r} ({stage}) is not in the reason table"
+    for code in REASONS:
+        assert documented[(code, "validator")][2].startswith("no" if code in BENIGN_REASONS else "yes"), code
+        assert "dgrpo_messages_rejected_total" in documented[(code, "validator")][5]
+    for code in (*ARRIVAL_REASONS, *CLOSE_REASONS, *FEDERATED_REASONS, *SYNC_REASONS):
+        stage = next(s for s in ("arrival", "close", "federated", "sync") if code in by_stage[s])
+        assert "dgrpo_admission_rejected_total" in documented[(code, stage)][5], code
+    for code in CLOSE_REASONS:
+        assert (documented[(code, "close")][2] == "evidence") == (code in EVIDENCE_REASONS), code
+    for code in ARRIVAL_REASONS:
+        assert (documented[(code, "arrival")][2] == "yes") == (code in ARRIVAL_EVIDENCE), code
+    assert {r[1] for r in rows} <= {*by_stage, "defense"}
+    assert "route:foreign_model" in {r[0] for r in rows if r[1] == "defense"}
+
+
+def test_gossipsub_parameters_and_stack(doc: str) -> None:
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12
+
+    from dgrpo.net.gossip import GossipConfig
+    from dgrpo.protocol.sync import sync_protocol
+
+    defaults = GossipConfig()
+    rows = table_after(doc, "### Gossipsub parameters", ["parameter", "default", "notes"])
+    assert rows, "no gossipsub parameters"
+    for name, default, _ in rows:
+        value = getattr(defaults, name)
+        assert type(value)(default) == value if not isinstance(value, bool) else default == str(value), name
+    stack = {r[0]: r[1] for r in table_after(doc, "### Stack", ["layer", "what a dgrpo node uses"])}
+    assert f"`{PROTOCOL_ID_V12}` and `{PROTOCOL_ID_V11}`" in stack["pubsub"]
+    assert stack["stream muxer"].startswith("offered in this order: `/yamux/1.0.0`")
+    assert stack["security"].startswith("offered in this order: `/noise`")
+    assert f"`{sync_protocol('RUN').replace('RUN', '<run>')}`" in stack["request/response"]
+    assert "`from || seqno`" in doc

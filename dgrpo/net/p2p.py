@@ -18,7 +18,7 @@ from typing import Any
 import trio
 
 from dgrpo.net.gossip import GossipMessage, GossipNode
-from dgrpo.net.transport import Transport, TransportStatistics
+from dgrpo.net.transport import DROP_REASONS, Transport, TransportStatistics
 from dgrpo.protocol.envelope import Envelope, HeartbeatBody, Signer, to_rollout
 from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.messages import Rollout
@@ -187,11 +187,9 @@ class Libp2pTransport(Transport):
     def statistics(self) -> TransportStatistics:
         stats = self.validator.statistics()
         gossip = self.gossip.statistics()
-        dropped = {
-            "inbound_full": self.dropped_inbound,
-            "subscription_full": gossip.dropped,
-            "peer_queue_full": gossip.dropped_to_peers,  # outbound, to a frozen or slow peer (by peer in /status)
-        }
+        # inbound_full, subscription_full, peer_queue_full (outbound, to a frozen or slow peer; by peer in /status)
+        counts = (self.dropped_inbound, gossip.dropped, gossip.dropped_to_peers)
+        dropped = dict(zip(DROP_REASONS, counts, strict=True))
         return TransportStatistics(
             accepted=stats.accepted,
             rejected_by_reason=dict(stats.rejected_by_reason),

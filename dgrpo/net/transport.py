@@ -40,6 +40,11 @@ class Transport(ABC):
         """What was accepted, rejected (by reason and peer) and dropped so far (a frozen snapshot)."""
 
 
+# Where a valid message can be dropped, the keys of ``TransportStatistics.dropped`` (docs/protocol.md, "Reason
+# codes"): the transport's inbound channel was full, or gossipsub's delivery queue of a topic was.
+DROP_REASONS = ("inbound_full", "subscription_full", "peer_queue_full")
+
+
 @dataclass(frozen=True)
 class TransportStatistics:
     """A transport's counters: the validator's verdicts and the messages it dropped (never silently)."""

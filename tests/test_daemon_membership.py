@@ -1,0 +1,96 @@
+"""Whom a round waits for, and when a node that fell behind rejoins (``Daemon.expected_peers``,
+``network_round``, ``_catch_up``), from a peer table as heartbeats and rollouts fill it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.settings import load_node_settings
+from dgrpo.net.p2p import PeerInfo
+
+
+class TableTransport:
+    """The two views of the peer table a daemon reads: all heartbeats, and the active peers among them."""
+
+    def __init__(self, table: list[PeerInfo]) -> None:
+        self.table = table
+
+    def peers(self) -> set[str]:
+        return {p.peer_id for p in self.table if p.status != "stopping"}
+
+    def peer_table(self) -> list[PeerInfo]:
+        return self.table
+
+
+class Connections:
+    def __init__(self, peers: set[str]) -> None:
+        self.peers = peers
+
+    def connected_peers(self) -> set[str]:
+        return set(self.peers)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Daemon:
+    state = tmp_path_factory.mktemp("node")
+    return Daemon(load_node_settings(None, [f"state_dir={str(state)!r}", "status.enabled=false"]))
+
+
+def peer(name: str, round_idx: int, status: str = "running", rounds_done: int = 3) -> PeerInfo:
+    return PeerInfo(name, round_idx, rounds_done, status, 0.0)
+
+
+def attach(d: Daemon, table: list[PeerInfo], connected: set[str] | None = None) -> Connections:
+    names = {p.peer_id for p in table}
+    conns = Connections(names if connected is None else connected)
+    d.transport = TableTransport(table)  # type: ignore[assignment]
+    d.gossip = conns  # type: ignore[assignment]
+    d._connected_at_start = conns.connected_peers()
+    d.inbox.latest.clear()
+    return conns
+
+
+def test_a_round_waits_for_peers_in_step_only(daemon: Daemon) -> None:
+    table = [
+        peer("at", 10),
+        peer("behind-one", 9),  # still training on round 9: it publishes round 10 next
+        peer("straggler", 7),  # will rejoin at the network's round, never publishes round 10
+        peer("ahead", 11),  # already past it and sent nothing of it: joined after round 10 began
+        peer("stopping", 10, status="stopping"),
+    ]
+    attach(daemon, table)
+    assert daemon.expected_peers(10) == {"at", "behind-one"}
+    # A rollout overtakes the heartbeat announcing its round: a peer that sent round 9 is in step.
+    daemon.inbox.latest["straggler"] = 9
+    assert daemon.expected_peers(10) == {"at", "behind-one", "straggler"}
+
+
+def test_a_peer_that_disconnects_mid_round_is_no_longer_expected(daemon: Daemon) -> None:
+    conns = attach(daemon, [peer("a", 5), peer("b", 5)])
+    assert daemon.expected_peers(5) == {"a", "b"}
+    conns.peers.discard("b")  # its connection closed; its last heartbeat is still fresh
+    assert daemon.expected_peers(5) == {"a"}
+
+
+def test_a_node_that_fell_behind_rejoins_after_the_networks_round(daemon: Daemon) -> None:
+    attach(daemon, [peer("a", 20), peer("b", 20), peer("c", 19)])
+    daemon.round, daemon.catch_ups = 12, 0
+    assert daemon.network_round() == 20
+    daemon._catch_up()
+    assert (daemon.round, daemon.catch_ups) == (21, 1)  # round 20's rollouts went out while it was away
+    daemon._catch_up()
+    assert (daemon.round, daemon.catch_ups) == (21, 1)  # in step now: no further jump
+
+
+def test_one_peer_announcing_a_far_round_does_not_move_the_network(daemon: Daemon) -> None:
+    attach(daemon, [peer("liar", 1_000_000), peer("a", 8), peer("b", 8)])
+    daemon.round, daemon.catch_ups = 8, 0
+    assert daemon.network_round() == 8  # the lower median
+    daemon._catch_up()
+    assert (daemon.round, daemon.catch_ups) == (8, 0)
+    # Peers that have not completed a round (starting together, or joining) say nothing of the network's round.
+    attach(daemon, [peer("new", 0, rounds_done=0), peer("new2", 3, rounds_done=0)])
+    assert daemon.network_round() == 0
