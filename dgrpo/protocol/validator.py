@@ -21,9 +21,10 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from dgrpo.protocol.counting import PeerReasons
 from dgrpo.protocol.envelope import (
     Envelope,
     HeartbeatBody,
@@ -85,6 +86,7 @@ class ValidatorStatistics:
     rejected_by_peer: Mapping[str, int]
     penalties_by_peer: Mapping[str, int]  # rejections that count towards blacklisting
     blacklist_candidates: tuple[str, ...]  # peers at or over limits.blacklist_after
+    rejected_by_peer_reason: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # rejected_by_peer by reason
 
 
 class _Reject(Exception):
@@ -121,6 +123,7 @@ class MessageValidator:
         self.accepted = 0
         self.rejected_by_reason: Counter[str] = Counter()
         self.rejected_by_peer: Counter[str] = Counter()
+        self._peer_reasons = PeerReasons(self.limits.max_tracked_peers)  # same cap and order: the same peers
         # peer -> penalised rejections; ordered by last penalty so the least recent is forgotten first
         self._penalties: OrderedDict[str, int] = OrderedDict()
         self._lock = threading.Lock()
@@ -217,6 +220,7 @@ class MessageValidator:
             self.rejected_by_peer[peer] = count  # reinserted last: dict order is recency of rejection
             while len(self.rejected_by_peer) > cap:
                 del self.rejected_by_peer[next(iter(self.rejected_by_peer))]
+            self._peer_reasons.add(peer, reason)
             if penalise:
                 self._penalties[peer] = self._penalties.pop(peer, 0) + 1
                 while len(self._penalties) > cap:
@@ -229,6 +233,11 @@ class MessageValidator:
         with self._lock:
             return self._penalties.get(peer, 0) >= self.limits.blacklist_after
 
+    def penalties(self, peer: str) -> int:
+        """``peer``'s rejections that count towards blacklisting (the transport adds its own to them)."""
+        with self._lock:
+            return self._penalties.get(peer, 0)
+
     def statistics(self) -> ValidatorStatistics:
         with self._lock:
             threshold = self.limits.blacklist_after
@@ -239,4 +248,5 @@ class MessageValidator:
                 rejected_by_peer=MappingProxyType(dict(self.rejected_by_peer)),
                 penalties_by_peer=MappingProxyType(dict(self._penalties)),
                 blacklist_candidates=tuple(sorted(p for p, n in self._penalties.items() if n >= threshold)),
+                rejected_by_peer_reason=MappingProxyType(self._peer_reasons.snapshot()),
             )
