@@ -375,3 +375,69 @@ def test_an_iwant_answer_is_split_under_the_receivers_inbound_limit() -> None:
     sizes = [p.ByteSize() for p in parts]
     assert len(parts) >= 4 and max(sizes) <= LIBP2P_MAX_RPC_BYTES < GossipConfig().max_inbound_rpc_size
     assert [m.seqno for p in parts for m in p.publish] == [i.to_bytes(8, "big") for i in range(32)]
+
+
+def test_the_read_loop_still_reads_rpcs_through_the_rebound_name() -> None:
+    # DeliveringPubsub counts oversize RPCs by rebinding this one name in py-libp2p's read loop: a version that
+    # renames it would count nothing, silently.
+    from libp2p.pubsub.pubsub import Pubsub
+
+    assert "read_varint_prefixed_bytes_limited" in Pubsub.continuously_read_stream.__code__.co_names
+
+
+@pytest.mark.parametrize("size", [GossipConfig().max_inbound_rpc_size + 1, 10 * 1024 * 1024])
+def test_an_oversize_rpc_is_a_counted_rejection_of_its_peer_and_the_node_lives_on(
+    size: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dgrpo.net.hostile import send_raw_rpc, signed_message
+
+    async def main() -> None:
+        async with AsyncExitStack() as stack:
+            net = await stack.enter_async_context(pair())
+            # a third node connected to B: B must keep it while it resets A's stream
+            c = await stack.enter_async_context(
+                GossipNode.open(config(bootstrap=net.b.listen_addrs()), create_new_key_pair())
+            )
+            inbox_c = await c.subscribe(TOPIC)
+            await net.b.wait_for_mesh(TOPIC, 2, timeout=10)
+            reported: list[tuple[str, str]] = []
+            net.b.on_rejection(lambda peer, reason: reported.append((peer, reason)))
+            rpc = rpc_pb2.RPC(publish=[signed_message(net.a, TOPIC, b"x" * size)])
+            assert rpc.ByteSize() > net.b.config.max_inbound_rpc_size
+            await send_raw_rpc(net.a, net.b.peer_id, rpc)
+            await net.b._poll(lambda: net.b.statistics().oversize_rpc == 1, 10, "the oversize RPC counted")
+            assert net.b.rejections_by_peer() == {net.a.peer_id: {"oversize_rpc": 1}}
+            assert reported == [(net.a.peer_id, "oversize_rpc")]
+            assert f"rejected an inbound RPC of {rpc.ByteSize()} bytes from {net.a.peer_id}" in caplog.text
+            assert pending(net.inbox["b"]) == []  # none of it was delivered
+            assert c.peer_id in net.b.connected_peers()
+            # A's stream was reset; py-libp2p opens a new one on the live connection, and gossip flows again
+            await net.a.wait_for_mesh(TOPIC, 1, timeout=20)
+            await net.b.wait_for_mesh(TOPIC, 2, timeout=20)
+            await net.a.publish(TOPIC, b"after the reset")
+            assert (await net.inbox["b"].receive()).data == b"after the reset"
+            assert (await inbox_c.receive()).data == b"after the reset"
+            assert net.b.statistics().oversize_rpc == 1
+
+    with caplog.at_level(logging.WARNING, logger="dgrpo.net.gossip"):
+        run(main, limit=60)
+
+
+def test_a_flood_of_oversize_rpcs_is_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    # The counting itself, without the network: B's read loop reports three oversize RPCs from one peer.
+    async def main() -> None:
+        async with GossipNode.open(config(max_tracked_peers=2), create_new_key_pair()) as node:
+            peers = [ID.from_pubkey(create_new_key_pair().public_key) for _ in range(3)]
+            for _ in range(3):
+                node._pubsub._on_oversize(peers[0], 2_000_000)
+            assert caplog.text.count("rejected an inbound RPC") == 1
+            node._pubsub._on_oversize(peers[1], 2_000_000)
+            node._pubsub._on_oversize(peers[2], 2_000_000)  # over max_tracked_peers: the least recent goes
+            assert node.rejections_by_peer() == {
+                peers[1].to_base58(): {"oversize_rpc": 1},
+                peers[2].to_base58(): {"oversize_rpc": 1},
+            }
+            assert node.statistics().oversize_rpc == 5
+
+    with caplog.at_level(logging.WARNING, logger="dgrpo.net.gossip"):
+        run(main)

@@ -76,3 +76,43 @@ def test_valid_delivered_hostile_rejected_then_blacklisted(tmp_path: Path) -> No
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_oversize_rpcs_are_counted_with_the_validators_reasons_and_lead_to_blacklisting(tmp_path: Path) -> None:
+    # One signed-but-invalid message (a validator penalty) and two RPCs over the transport's cap
+    # (oversize_rpc) reach blacklist_after=3 together: the transport's rejections count towards blacklisting.
+    from libp2p.pubsub.pb import rpc_pb2
+
+    from dgrpo.net.hostile import send_raw_rpc, signed_message
+
+    honest_id, rogue_id = Identity.generate(), Identity.generate()
+    topic = rollout_topic(RUN)
+
+    async def main() -> None:
+        async with GossipNode.open(GossipConfig(**FAST), honest_id.to_libp2p_keypair()) as a:
+            cfg_b = GossipConfig(bootstrap=tuple(a.listen_addrs()), **FAST)
+            async with GossipNode.open(cfg_b, rogue_id.to_libp2p_keypair()) as b, trio.open_nursery() as nursery:
+                validator = MessageValidator(RUN, Limits(blacklist_after=3), ReplayGuard(64))
+                transport = Libp2pTransport(a, Signer(honest_id, RUN, NonceCounter(tmp_path / "a")), validator, RUN)
+                await transport.start(nursery)
+                await b.subscribe(topic)
+                await b.wait_for_mesh(topic, 1, timeout=30)
+                await b.publish(topic, b"\xc1")  # malformed: one validator penalty
+                huge = rpc_pb2.RPC(publish=[signed_message(b, topic, b"x" * (2 * 1024 * 1024))])
+                with trio.fail_after(30):
+                    while a.statistics().oversize_rpc < 2:
+                        # b's stream to a was reset; b finds out at its next write, then opens a new one
+                        await send_raw_rpc(b, a.peer_id, huge)
+                        with trio.move_on_after(1.0):
+                            while a.statistics().oversize_rpc < 2:
+                                await trio.sleep(0.02)
+                    while rogue_id.peer_id not in a.blacklisted():
+                        await trio.sleep(0.05)
+                stats = transport.statistics()
+                n = a.statistics().oversize_rpc  # 2, or 3 if a send we retried had only been slow
+                assert stats.rejected_by_reason == {"malformed": 1, "oversize_rpc": n} and n >= 2
+                assert stats.rejected_by_peer == {rogue_id.peer_id: 1 + n}
+                assert stats.rejected_by_peer_reason == {rogue_id.peer_id: {"malformed": 1, "oversize_rpc": n}}
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)

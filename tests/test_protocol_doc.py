@@ -307,6 +307,7 @@ def test_prompts_test_vector(doc: str) -> None:
 def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
     """Every code the code can produce has a row of "Reason codes" with its stage: a code added to the code and
     not documented fails here (the table may list more, e.g. codes other branches are adding)."""
+    from dgrpo.net.gossip import OVERSIZE_RPC
     from dgrpo.net.transport import DROP_REASONS
     from dgrpo.protocol.validator import INTERNAL_ERROR
     from dgrpo.round.admit import ARRIVAL_EVIDENCE, ARRIVAL_REASONS, CLOSE_REASONS, EVIDENCE_REASONS
@@ -322,11 +323,12 @@ def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
         "close": (*CLOSE_REASONS, *ROLLOUT_REASONS, *ROUND_REASONS),
         "federated": FEDERATED_REASONS,
         "sync": SYNC_REASONS,
-        "transport": DROP_REASONS,
+        "transport": (*DROP_REASONS, OVERSIZE_RPC),
     }
     for stage, codes in by_stage.items():
         for code in codes:
             assert (code, stage) in documented, f"reason {code!r} ({stage}) is not in the reason table"
+    assert "dgrpo_messages_rejected_total" in documented[(OVERSIZE_RPC, "transport")][5]
     for code in REASONS:
         assert documented[(code, "validator")][2].startswith("no" if code in BENIGN_REASONS else "yes"), code
         assert "dgrpo_messages_rejected_total" in documented[(code, "validator")][5]

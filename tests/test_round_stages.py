@@ -202,3 +202,20 @@ def test_update_trains_on_the_scored_completions(random_model_dir: Path) -> None
     step = update(learner, scored, [1.0, -1.0], DEFAULT_SAMPLING)
     assert step is not None and step.sequences == 2
     assert learner.weights_digest() != before
+
+
+def test_admission_counters_by_author_and_reason_keep_a_bounded_number_of_authors() -> None:
+    # Authors are authenticated but free to make (one key each): a flood of made-up authors must not grow the
+    # per-author table past limits.max_tracked_peers, and the by-reason totals still count every rejection.
+    admitter = Admitter(TASK, "horizontal", Limits(max_tracked_peers=3), "self")
+    for i in range(50):
+        admitter.on_arrival(rollout(f"sybil-{i}", P0, round_idx=1), 3, 0, set())
+    admitter.admit([rollout("sybil-49", P0, round_idx=2)], 3, lambda author: False)
+    stats = admitter.statistics()
+    assert stats.rejected_by_reason == {"closed_round": 50, "wrong_round": 1}
+    assert stats.rejected_by_author == {"sybil-47": 1, "sybil-48": 1, "sybil-49": 2}
+    assert stats.rejected_by_author_reason == {
+        "sybil-47": {"closed_round": 1},
+        "sybil-48": {"closed_round": 1},
+        "sybil-49": {"closed_round": 1, "wrong_round": 1},
+    }

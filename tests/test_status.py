@@ -58,6 +58,7 @@ def test_status_metrics_and_404() -> None:
         assert "dgrpo_round 7.0" in text
         assert 'dgrpo_messages_rejected_total{reason="malformed"} 1.0' in text
         assert "dgrpo_messages_accepted_total 1.0" in text
+        assert 'dgrpo_peer_messages_rejected_total{peer="unknown",reason="malformed"} 1.0' in text
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(server.url + "/nope", timeout=5)
         assert err.value.code == 404
@@ -98,3 +99,37 @@ def test_a_request_that_never_ends_is_dropped_and_a_vanished_client_is_one_log_l
     # socketserver's default handle_error prints this header and the traceback to stderr. (Only the header is
     # checked: in the full suite a handler another test left on a closed stream prints its own logging error.)
     assert "Exception occurred during processing of request" not in capsys.readouterr().err
+
+
+def test_per_peer_rejections_of_every_stage_are_counters_read_at_scrape_time() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dgrpo.net.transport import TransportStatistics
+    from dgrpo.round.admit import AdmissionStatistics
+
+    wire = {"rejected": TransportStatistics()}
+    admission = AdmissionStatistics({"duplicate_part": 2}, {"bob": 2}, {"bob": {"duplicate_part": 2}})
+    registry = CollectorRegistry()
+    registry.register(WireCollector(lambda: wire["rejected"], lambda: admission))
+    wire["rejected"] = TransportStatistics(  # changed after registration: read at scrape time
+        rejected_by_reason={"oversize_rpc": 3, "bad_signature": 1},
+        rejected_by_peer={"eve": 4},
+        rejected_by_peer_reason={"eve": {"oversize_rpc": 3, "bad_signature": 1}},
+    )
+    from prometheus_client import generate_latest
+
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+    assert samples == {
+        ("dgrpo_messages_accepted_total", ()): 0.0,
+        ("dgrpo_messages_rejected_total", (("reason", "bad_signature"),)): 1.0,
+        ("dgrpo_messages_rejected_total", (("reason", "oversize_rpc"),)): 3.0,
+        ("dgrpo_admission_rejected_total", (("reason", "duplicate_part"),)): 2.0,
+        ("dgrpo_peer_messages_rejected_total", (("peer", "eve"), ("reason", "bad_signature"))): 1.0,
+        ("dgrpo_peer_messages_rejected_total", (("peer", "eve"), ("reason", "oversize_rpc"))): 3.0,
+        ("dgrpo_peer_admission_rejected_total", (("peer", "bob"), ("reason", "duplicate_part"))): 2.0,
+    }

@@ -132,7 +132,7 @@ class FederatedDaemon(Daemon):
     # ----------------------------------------------------------------- status
     def _admission_statistics(self) -> AdmissionStatistics:
         stats = self.reassembler.statistics()
-        return AdmissionStatistics(stats.rejected_by_reason, stats.rejected_by_author)
+        return AdmissionStatistics(stats.rejected_by_reason, stats.rejected_by_author, stats.rejected_by_author_reason)
 
     def is_aggregator(self) -> bool:
         return self.topology == "decentralised" or self.aggregator_id == self.peer_id

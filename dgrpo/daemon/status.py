@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -64,7 +64,11 @@ class WireCollector(Collector):
     """The message counters, read from the transport and the admit stage at scrape time (so they are never
     behind): ``dgrpo_messages_accepted_total``, ``dgrpo_messages_rejected_total{reason}`` (the protocol's
     validator), ``dgrpo_messages_dropped_total{where}`` (the transport), ``dgrpo_admission_rejected_total{reason}``
-    (the round's admit stage: closed or future round, unknown prompt, duplicate part, ...)."""
+    (the round's admit stage: closed or future round, unknown prompt, duplicate part, ...), and the same two by
+    peer: ``dgrpo_peer_messages_rejected_total{peer,reason}`` (the validator's and the transport's, e.g.
+    ``oversize_rpc``) and ``dgrpo_peer_admission_rejected_total{peer,reason}``. Peer labels are bounded: each
+    stage keeps at most ``limits.max_tracked_peers`` peers, the least recently rejected forgotten first (so a
+    forgotten peer's series disappears; the by-reason totals keep counting it)."""
 
     def __init__(
         self, transport: Callable[[], TransportStatistics], admission: Callable[[], AdmissionStatistics]
@@ -84,12 +88,31 @@ class WireCollector(Collector):
         dropped = CounterMetricFamily("dgrpo_messages_dropped", "valid messages dropped, by where", labels=["where"])
         for where, n in sorted(stats.dropped.items()):
             dropped.add_metric([where], n)
+        admitted = self.admission()
         admission = CounterMetricFamily(
             "dgrpo_admission_rejected", "rollouts the round's admit stage rejected", labels=["reason"]
         )
-        for reason, n in sorted(self.admission().rejected_by_reason.items()):
+        for reason, n in sorted(admitted.rejected_by_reason.items()):
             admission.add_metric([reason], n)
-        yield from (accepted, rejected, dropped, admission)
+        by_peer = _by_peer_reason(
+            "dgrpo_peer_messages_rejected",
+            "messages rejected by the validator or the transport, by the peer they are attributed to",
+            stats.rejected_by_peer_reason,
+        )
+        admission_by_peer = _by_peer_reason(
+            "dgrpo_peer_admission_rejected",
+            "rollouts the round's admit stage rejected, by author",
+            admitted.rejected_by_author_reason,
+        )
+        yield from (accepted, rejected, dropped, admission, by_peer, admission_by_peer)
+
+
+def _by_peer_reason(name: str, documentation: str, table: Mapping[str, Mapping[str, int]]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=["peer", "reason"])
+    for peer, reasons in sorted(table.items()):
+        for reason, n in sorted(reasons.items()):
+            family.add_metric([peer, reason], n)
+    return family
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -15,6 +15,10 @@ with the behaviours that lose messages silently worked around (``shared/notes/li
   connection closes. We wait for our queues to drain, then for a read receipt from every peer.
 - Writes to a peer's stream are serialized per RPC (py-libp2p interleaves large ones when a peer connects),
   and a malformed RPC closes that peer's stream instead of killing the node.
+- An inbound RPC over ``max_inbound_rpc_size`` (py-libp2p resets that peer's stream; it reconnects) is a counted
+  rejection, reason ``oversize_rpc``, by peer (``rejections_by_peer``), logged (at most one line per peer per
+  ``OVERSIZE_LOG_SECONDS``) and reported to the ``on_rejection`` hook (the transport's blacklisting). Our own
+  publish refuses anything that large, so an honest peer never sends one.
 - Request/response streams beside gossipsub (:mod:`dgrpo.net.streams`): ``serve_streams`` and ``open_stream``.
 """
 
@@ -43,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from dgrpo.errors import DgrpoError
 from dgrpo.net.pubsub import DeliveringPubsub, ReceiptGossipSub
 from dgrpo.net.streams import Stream, StreamError, StreamHandler
+from dgrpo.protocol.counting import PeerReasons
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,9 @@ LIBP2P_MAX_RPC_BYTES = 1024 * 1024  # py-libp2p's per-RPC limit; bigger outbound
 RPC_OVERHEAD_BYTES = 8 * 1024  # room for from, seqno, topic, signature, key and the signed peer record
 MAX_TOPIC_BYTES = 256
 POLL_SECONDS = 0.002  # for waits py-libp2p signals no event for (queue lengths, peer counts)
+OVERSIZE_RPC = "oversize_rpc"  # an inbound RPC over max_inbound_rpc_size, decided here, before any validator
+TRANSPORT_REASONS = (OVERSIZE_RPC,)
+OVERSIZE_LOG_SECONDS = 10.0  # a flooding peer gets one log line per this many seconds, with the count it sent
 
 Validator = Callable[[bytes, str, str], bool]
 """``fn(data, source peer id, forwarding peer id) -> accept``. A function typed ``str | None`` for the
@@ -108,6 +116,9 @@ class GossipConfig(BaseModel):
     strict_signing: Annotated[bool, Field(description="sign our messages, drop unsigned or forged ones")] = True
     equivocation_cache: Annotated[int, Field(ge=1, description="whole messages gossipsub keeps to compare")] = 256
     shutdown_flush_timeout: Annotated[float, Field(ge=0.0, description="s closing may wait for the flush")] = 5.0
+    max_tracked_peers: Annotated[
+        int, Field(ge=1, description="peers kept by the rejection counters; the least recently rejected go first")
+    ] = 10_000
 
     @field_validator("listen")
     @classmethod
@@ -159,6 +170,7 @@ class GossipStatistics:
     bootstrap_attempts: int
     bootstrap_failures: int
     connected_peers: int
+    oversize_rpc: int  # inbound RPCs over max_inbound_rpc_size (each reset that peer's stream)
 
 
 def _check_topic(topic: str) -> None:
@@ -226,10 +238,14 @@ class GossipNode:
             strict_signing=config.strict_signing,
             max_inbound_rpc_size=config.max_inbound_rpc_size,
             deliver=self._deliver,
+            on_oversize=self._on_oversize,
         )
         self._pubsub.counter = time.time_ns()
         self._inboxes: dict[str, tuple[trio.MemorySendChannel[GossipMessage], bool]] = {}
         self._counts: Counter[str] = Counter()
+        self._rejected = PeerReasons(config.max_tracked_peers)  # rejections decided here, by peer and reason
+        self._log_gate: dict[str, tuple[float, int]] = {}  # peer -> (time of its last log line, events since)
+        self._on_rejection: Callable[[str, str], None] = lambda peer, reason: None
         self._closed = False
         # peer -> (queue length last seen, time it last moved or was short): a queue that stays long without
         # moving belongs to a frozen or stalled peer, and publish must not wait on it (one peer must never
@@ -298,6 +314,18 @@ class GossipNode:
     def stuck_peers(self) -> set[str]:
         """Peers publish currently does not wait for (their queue has not moved for ``stuck_after`` s)."""
         return set(self._stuck)  # a copy: the status server reads it from its own thread
+
+    def rejections_by_peer(self) -> dict[str, dict[str, int]]:
+        """Rejections decided by the gossip layer itself (``TRANSPORT_REASONS``), by peer then reason (a copy)."""
+        return self._rejected.snapshot()
+
+    def rejections_of(self, peer: str) -> int:
+        """How many rejections of ``peer`` the gossip layer has counted (0 once it is forgotten)."""
+        return self._rejected.total(peer)
+
+    def on_rejection(self, fn: Callable[[str, str], None]) -> None:
+        """Call ``fn(peer, reason)`` after each rejection counted here (the transport's blacklisting policy)."""
+        self._on_rejection = fn
 
     async def wait_for_peers(self, n: int, timeout: float) -> None:
         """Return once ``n`` peers have a pubsub stream; :class:`GossipTimeoutError` after ``timeout`` s."""
@@ -416,6 +444,38 @@ class GossipNode:
                 self._counts["dropped"] += 1
             except trio.ClosedResourceError:
                 pass
+
+    def _on_oversize(self, peer_id: ID, size: int) -> None:
+        """py-libp2p has reset the peer's stream without reading the RPC (it reconnects; what it had in flight is
+        lost). Count it, log it (rate-limited per peer), report it. Runs in py-libp2p's read task: never raises."""
+        peer = peer_id.to_base58()
+        self._counts[OVERSIZE_RPC] += 1
+        self._rejected.add(peer, OVERSIZE_RPC)
+        if len(self._log_gate) >= self._rejected.cap:  # only at the cap can a peer have been forgotten
+            for gone in [p for p in self._log_gate if p not in self._rejected]:
+                del self._log_gate[gone]
+        self._log_oversize(peer, size)
+        try:
+            self._on_rejection(peer, OVERSIZE_RPC)
+        except Exception:  # a bug in the hook must not end the peer's read task (and with it the node)
+            logger.exception("rejection hook failed for %s", peer)
+
+    def _log_oversize(self, peer: str, size: int) -> None:
+        now = time.monotonic()
+        last, since = self._log_gate.get(peer, (-OVERSIZE_LOG_SECONDS, 0))
+        if now - last < OVERSIZE_LOG_SECONDS:
+            self._log_gate[peer] = (last, since + 1)
+            return
+        self._log_gate[peer] = (now, 0)
+        more = f" (and {since} more since the last line)" if since else ""
+        logger.warning(
+            "rejected an inbound RPC of %d bytes from %s (%s: max_inbound_rpc_size is %d); its stream was reset%s",
+            size,
+            peer,
+            OVERSIZE_RPC,
+            self.config.max_inbound_rpc_size,
+            more,
+        )
 
     def _live_queues(self) -> list[Any]:
         """Outbound queues of current peers (py-libp2p can leave those of departed peers behind)."""

@@ -109,6 +109,7 @@ class InMemoryTransport(Transport):
             accepted=stats.accepted,
             rejected_by_reason=dict(stats.rejected_by_reason),
             rejected_by_peer=dict(stats.rejected_by_peer),
+            rejected_by_peer_reason={peer: dict(reasons) for peer, reasons in stats.rejected_by_peer_reason.items()},
             dropped=dict(self.dropped),
             equivocating_peers=stats.equivocators,
         )

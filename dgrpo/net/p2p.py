@@ -17,13 +17,14 @@ from typing import Any
 
 import trio
 
-from dgrpo.net.gossip import GossipMessage, GossipNode
+from dgrpo.net.gossip import OVERSIZE_RPC, GossipMessage, GossipNode
 from dgrpo.net.transport import DROP_REASONS, Transport, TransportStatistics
+from dgrpo.protocol.counting import merge
 from dgrpo.protocol.envelope import Envelope, HeartbeatBody, Signer, to_rollout
 from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.messages import Rollout
 from dgrpo.protocol.topics import control_topic, rollout_topic
-from dgrpo.protocol.validator import MessageValidator
+from dgrpo.protocol.validator import UNKNOWN_PEER, MessageValidator
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +69,8 @@ class Libp2pTransport(Transport):
         def check(data: bytes, source: str, forwarder: str | None) -> bool:
             verdict = self.validator.validate(data, source_peer=source, expected_kind=kind)
             if not verdict.ok or verdict.envelope is None:
-                peer = verdict.peer
-                if (
-                    peer
-                    and peer != self.peer_id
-                    and peer not in self._blacklisting
-                    and self.validator.should_blacklist(peer)
-                ):
-                    log.warning("blacklisting %s after repeated invalid messages (%s)", peer, verdict.reason)
-                    self._blacklisting.add(peer)
-                    self._to_blacklist.send_nowait(peer)
+                if verdict.peer and verdict.peer != UNKNOWN_PEER:
+                    self._blacklist_if_penalised(verdict.peer, verdict.reason or "")
                 return False
             self._validated[hashlib.sha256(data).digest()] = verdict.envelope
             while len(self._validated) > 8192:  # delivered messages are popped; this bounds undelivered ones
@@ -86,7 +79,21 @@ class Libp2pTransport(Transport):
 
         return check
 
+    def _blacklist_if_penalised(self, peer: str, reason: str) -> None:
+        """Blacklist ``peer`` once its penalised rejections, the validator's and the gossip layer's (an RPC over
+        the size cap, which publish never sends: no honest peer earns one), reach ``limits.blacklist_after``."""
+        if peer == self.peer_id or peer in self._blacklisting:
+            return
+        penalties = self.validator.penalties(peer) + self.gossip.rejections_of(peer)
+        # should_blacklist: also a single equivocation, which proves misbehaviour on its own.
+        if penalties < self.validator.limits.blacklist_after and not self.validator.should_blacklist(peer):
+            return
+        log.warning("blacklisting %s after repeated invalid messages (%s)", peer, reason)
+        self._blacklisting.add(peer)
+        self._to_blacklist.send_nowait(peer)
+
     async def start(self, nursery: trio.Nursery) -> None:
+        self.gossip.on_rejection(self._blacklist_if_penalised)
         self.gossip.set_validator(self.topic, self._validator("rollout"))
         self.gossip.set_validator(self.control, self._validator("heartbeat"))
         rollouts = await self.gossip.subscribe(self.topic)
@@ -185,15 +192,25 @@ class Libp2pTransport(Transport):
         }
 
     def statistics(self) -> TransportStatistics:
+        """The validator's counters with the gossip layer's own rejections (``oversize_rpc``) added in."""
         stats = self.validator.statistics()
         gossip = self.gossip.statistics()
+        by_reason = dict(stats.rejected_by_reason)
+        if gossip.oversize_rpc:
+            by_reason[OVERSIZE_RPC] = gossip.oversize_rpc
+        ours = self.gossip.rejections_by_peer()
+        by_peer_reason = merge({p: dict(r) for p, r in stats.rejected_by_peer_reason.items()}, ours)
+        by_peer = dict(stats.rejected_by_peer)
+        for peer, reasons in ours.items():
+            by_peer[peer] = by_peer.get(peer, 0) + sum(reasons.values())
         # inbound_full, subscription_full, peer_queue_full (outbound, to a frozen or slow peer; by peer in /status)
         counts = (self.dropped_inbound, gossip.dropped, gossip.dropped_to_peers)
         dropped = dict(zip(DROP_REASONS, counts, strict=True))
         return TransportStatistics(
             accepted=stats.accepted,
-            rejected_by_reason=dict(stats.rejected_by_reason),
-            rejected_by_peer=dict(stats.rejected_by_peer),
+            rejected_by_reason=by_reason,
+            rejected_by_peer=by_peer,
+            rejected_by_peer_reason=by_peer_reason,
             dropped={k: v for k, v in dropped.items() if v},
             equivocating_peers=stats.equivocators,
         )

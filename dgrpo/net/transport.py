@@ -47,10 +47,12 @@ DROP_REASONS = ("inbound_full", "subscription_full", "peer_queue_full")
 
 @dataclass(frozen=True)
 class TransportStatistics:
-    """A transport's counters: the validator's verdicts and the messages it dropped (never silently)."""
+    """A transport's counters: the validator's verdicts, the transport's own rejections (an RPC over its size cap:
+    ``oversize_rpc``) merged into them, and the messages it dropped (never silently)."""
 
     accepted: int = 0
     rejected_by_reason: Mapping[str, int] = field(default_factory=dict)
     rejected_by_peer: Mapping[str, int] = field(default_factory=dict)
+    rejected_by_peer_reason: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # peer -> reason -> n
     dropped: Mapping[str, int] = field(default_factory=dict)  # by where: inbound queue full, ...
     equivocating_peers: tuple[str, ...] = ()  # authors that signed two contents under one nonce

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgrpo.protocol.counting import PeerReasons
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.update_bodies import ChunkBody, GlobalBody, UpdateBody
 
@@ -122,6 +123,7 @@ class ReassemblyStatistics:
     completed: int
     rejected_by_reason: dict[str, int]
     rejected_by_author: dict[str, int]
+    rejected_by_author_reason: dict[str, dict[str, int]] = field(default_factory=dict)  # author -> reason -> n
 
 
 def _head(body: ChunkBody) -> tuple[object, ...]:
@@ -145,7 +147,7 @@ class Reassembler:
         self._done: set[Key] = set()
         self._buffered = 0
         self._by_reason: Counter[str] = Counter()
-        self._by_author: Counter[str] = Counter()
+        self._by_author = PeerReasons(self.limits.max_tracked_peers)
         self._lock = threading.Lock()
 
     def add(self, kind: str, author: str, round_idx: int, body: ChunkBody) -> Assembled | None:
@@ -213,11 +215,10 @@ class Reassembler:
 
     def _count(self, reason: str, author: str) -> None:
         self._by_reason[reason] += 1
-        count = self._by_author.pop(author, 0) + 1
-        self._by_author[author] = count  # reinserted last: the least recently rejected is forgotten first
-        while len(self._by_author) > self.limits.max_tracked_peers:
-            del self._by_author[next(iter(self._by_author))]
+        self._by_author.add(author, reason)  # the least recently rejected is forgotten first
 
     def statistics(self) -> ReassemblyStatistics:
         with self._lock:
-            return ReassemblyStatistics(self.completed, dict(self._by_reason), dict(self._by_author))
+            return ReassemblyStatistics(
+                self.completed, dict(self._by_reason), self._by_author.by_peer(), self._by_author.snapshot()
+            )

@@ -30,9 +30,10 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from dgrpo.protocol.counting import PeerReasons
 from dgrpo.protocol.envelope import (
     Envelope,
     HeartbeatBody,
@@ -97,6 +98,7 @@ class ValidatorStatistics:
     penalties_by_peer: Mapping[str, int]  # rejections that count towards blacklisting
     blacklist_candidates: tuple[str, ...]  # peers at or over limits.blacklist_after, and equivocators
     equivocators: tuple[str, ...] = ()  # authors proved to have signed two contents under one nonce
+    rejected_by_peer_reason: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # rejected_by_peer by reason
 
 
 class _Reject(Exception):
@@ -133,6 +135,7 @@ class MessageValidator:
         self.accepted = 0
         self.rejected_by_reason: Counter[str] = Counter()
         self.rejected_by_peer: Counter[str] = Counter()
+        self._peer_reasons = PeerReasons(self.limits.max_tracked_peers)  # same cap and order: the same peers
         # peer -> penalised rejections; ordered by last penalty so the least recent is forgotten first
         self._penalties: OrderedDict[str, int] = OrderedDict()
         # peer -> equivocations seen; one is proof enough to blacklist (bounded like the penalties)
@@ -238,6 +241,7 @@ class MessageValidator:
             self.rejected_by_peer[peer] = count  # reinserted last: dict order is recency of rejection
             while len(self.rejected_by_peer) > cap:
                 del self.rejected_by_peer[next(iter(self.rejected_by_peer))]
+            self._peer_reasons.add(peer, reason)
             if penalise:
                 self._penalties[peer] = self._penalties.pop(peer, 0) + 1
                 while len(self._penalties) > cap:
@@ -255,6 +259,11 @@ class MessageValidator:
         with self._lock:
             return peer in self._equivocators or self._penalties.get(peer, 0) >= self.limits.blacklist_after
 
+    def penalties(self, peer: str) -> int:
+        """``peer``'s rejections that count towards blacklisting (the transport adds its own to them)."""
+        with self._lock:
+            return self._penalties.get(peer, 0)
+
     def statistics(self) -> ValidatorStatistics:
         with self._lock:
             threshold = self.limits.blacklist_after
@@ -268,4 +277,5 @@ class MessageValidator:
                     sorted({p for p, n in self._penalties.items() if n >= threshold} | self._equivocators.keys())
                 ),
                 equivocators=tuple(sorted(self._equivocators)),
+                rejected_by_peer_reason=MappingProxyType(self._peer_reasons.snapshot()),
             )

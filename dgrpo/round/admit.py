@@ -18,7 +18,9 @@ moments, one set of rules and one set of counters.
   ``duplicate_prompt`` (a second rollout for one prompt) and ``incomplete`` (its rollouts do not cover its
   whole plan). Receivers rebuild every prompt from its id: a peer's copy of a question or answer is never used.
 
-Every rejection is counted by reason and by author (``statistics``), for ``/status`` and ``/metrics``; a
+Every rejection is counted by reason and by author (``statistics``), for ``/status`` and ``/metrics``; authors
+are authenticated (the validator checked their signatures) but an attacker can make up as many as it has keys,
+so at most ``limits.max_tracked_peers`` of them are kept, the least recently rejected forgotten first. A
 rejected peer's completions are reported as dropped, with the reason, so that simulations count them as
 stopped. The reasons an honest author never earns (``EVIDENCE_REASONS``) are evidence for the reputation
 policy.
@@ -29,8 +31,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dgrpo.protocol.counting import PeerReasons
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.messages import Rollout, SplitMode
 from dgrpo.round.binding import ROLLOUT_REASONS, ROUND_REASONS, RoundPlan
@@ -55,6 +58,7 @@ Canonical = Callable[[str], str]
 class AdmissionStatistics:
     rejected_by_reason: dict[str, int]
     rejected_by_author: dict[str, int]
+    rejected_by_author_reason: dict[str, dict[str, int]] = field(default_factory=dict)  # author -> reason -> n
 
 
 def arrival_reason(
@@ -105,7 +109,7 @@ class Admitter:
         self.plan = plan
         self.canonical = canonical
         self._by_reason: Counter[str] = Counter()
-        self._by_author: Counter[str] = Counter()
+        self._by_author = PeerReasons(limits.max_tracked_peers)
         self._lock = threading.Lock()
         self.on_evidence: Callable[[str, str], None] | None = None
 
@@ -135,12 +139,14 @@ class Admitter:
         passed: list[Admitted] = []
         rejected: Counter[str] = Counter()
         by_author: Counter[str] = Counter()
+        by_author_reason: Counter[tuple[str, str]] = Counter()
         dropped: list[Checked] = []
         evidence: Counter[str] = Counter()
 
         def reject(r: Rollout, reason: str) -> None:
             rejected[reason] += 1
             by_author[r.author] += 1
+            by_author_reason[(r.author, reason)] += 1
             if reason in EVIDENCE_REASONS and r.author != self.self_id:
                 evidence[r.author] += 1
             if r.author != self.self_id:
@@ -161,7 +167,8 @@ class Admitter:
         admitted = self._bind(passed, reject)
         with self._lock:
             self._by_reason.update(rejected)
-            self._by_author.update(by_author)
+            for (author, reason), n in by_author_reason.items():
+                self._by_author.add(author, reason, n)
         return Admission(
             messages=len(rollouts),
             completions_received=sum(len(r.completions) for r in rollouts),
@@ -219,9 +226,9 @@ class Admitter:
     def _count(self, reason: str, author: str, n: int = 1) -> None:
         with self._lock:
             self._by_reason[reason] += n
-            self._by_author[author] += n
+            self._by_author.add(author, reason, n)
 
     def statistics(self) -> AdmissionStatistics:
         """Every rejection so far, on arrival and at close (a snapshot)."""
         with self._lock:
-            return AdmissionStatistics(dict(self._by_reason), dict(self._by_author))
+            return AdmissionStatistics(dict(self._by_reason), self._by_author.by_peer(), self._by_author.snapshot())
