@@ -403,12 +403,19 @@ class Daemon:
         return self.transport.peers() - gone
 
     def expected_peers(self, round_idx: int) -> set[str]:
-        """Live peers whose rollouts for ``round_idx`` we wait for: those that already sent some of it, and those
-        in step with it (at it, or one round behind and about to publish it). A peer that joined after this
+        """Live peers whose rollouts for ``round_idx`` we wait for: those in step with it (at it, or one round
+        behind and about to publish it), and those that already sent some of it unless two rounds past it. A peer that joined after this
         round began never publishes it; a straggler two or more rounds behind rejoins at the network's round
         (:meth:`_catch_up`) and never publishes this one either: neither is waited for."""
         sent = self.inbox.authors(round_idx)
-        return {p for p in self.live_peers() if p in sent or round_idx - 1 <= self.progress(p) <= round_idx}
+
+        def expected(p: str) -> bool:
+            progress = self.progress(p)
+            # One round ahead, its last parts of this round may still be in flight; two rounds ahead they have
+            # arrived or are lost (a peer publishes all its parts when its round starts).
+            return round_idx - 1 <= progress <= round_idx or (p in sent and progress <= round_idx + 1)
+
+        return {p for p in self.live_peers() if expected(p)}
 
     def network_round(self) -> int:
         """The round the network is in: the lower median of the live, running peers' progress (one peer
