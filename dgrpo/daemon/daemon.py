@@ -404,9 +404,10 @@ class Daemon:
 
     def expected_peers(self, round_idx: int) -> set[str]:
         """Live peers whose rollouts for ``round_idx`` we wait for: those in step with it (at it, or one round
-        behind and about to publish it), and those that already sent some of it unless two rounds past it. A peer that joined after this
-        round began never publishes it; a straggler two or more rounds behind rejoins at the network's round
-        (:meth:`_catch_up`) and never publishes this one either: neither is waited for."""
+        behind and about to publish it), and those that already sent some of it unless two rounds past it. A
+        peer that joined after this round began never publishes it; a straggler two or more rounds behind
+        rejoins at the network's round (:meth:`_catch_up`) and never publishes this one either: neither is
+        waited for."""
         sent = self.inbox.authors(round_idx)
 
         def expected(p: str) -> bool:
