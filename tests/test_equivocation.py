@@ -227,3 +227,33 @@ def test_guard_digests_bounded_persisted_and_merged(tmp_path: Path) -> None:
     g2.record("a", 1, d[0])
     g2.record("a", 10, d[1])
     assert g2.check("a", 1, d[0]) == "stale_nonce" and g2.check("a", 1, d[1]) == "equivocation"
+
+
+def test_the_guard_can_be_saved_while_nonces_are_recorded() -> None:
+    """A daemon writes its checkpoint (``to_dict``) in a worker thread while the validator records nonces: before
+    the guard had its own lock, that raised ``OrderedDict mutated during iteration`` and killed a daemon."""
+    import threading
+
+    guard = ReplayGuard(window=256, max_digests=4096)
+    for n in range(4096):
+        guard.record(f"peer-{n % 50}", n, n.to_bytes(16, "big"))
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def save_repeatedly() -> None:
+        try:
+            while not stop.is_set():
+                guard.to_dict()
+        except BaseException as exc:  # the failure this test is about
+            errors.append(exc)
+
+    saver = threading.Thread(target=save_repeatedly)
+    saver.start()
+    try:
+        for n in range(4096, 4096 + 60_000):
+            guard.record(f"peer-{n % 50}", n, n.to_bytes(16, "big"))
+    finally:
+        stop.set()
+        saver.join()
+    assert errors == []
+    assert len(guard.to_dict()["digests"]) == 4096

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,9 @@ class ReplayStateError(DgrpoError):
 
 
 class ReplayGuard:
-    """Remembers which (author, nonce) pairs were seen. Not thread-safe: the validator holds a lock."""
+    """Remembers which (author, nonce) pairs were seen. Thread-safe: a daemon writes its checkpoint (``to_dict``)
+    in a worker thread while the validator records nonces in the network's thread; iterating the dicts while
+    they change raised ``OrderedDict mutated during iteration`` and took a daemon down (the SIGKILL soak)."""
 
     def __init__(
         self, window: int = 4096, *, max_authors: int = 10_000, max_digests: int = DEFAULT_MAX_DIGESTS
@@ -64,6 +67,38 @@ class ReplayGuard:
         self._authors: OrderedDict[str, tuple[int, int]] = OrderedDict()
         # (author, nonce) -> digest of the content accepted under it; ordered by record(), oldest first.
         self._digests: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._lock = threading.RLock()
+
+    def check(self, author: str, nonce: int, digest: bytes | None = None) -> str | None:
+        """``"equivocation"``, ``"replay"``, ``"stale_nonce"``, or None if the nonce is new. Records nothing.
+
+        ``digest`` is the content digest of the message being checked; it is ``"equivocation"`` when another
+        digest is known for (author, nonce), whatever the window says (the known digest proves the author
+        signed other content under this nonce). The caller must have verified the signature first, or a
+        forger could make any author look like an equivocator.
+        """
+        with self._lock:
+            return self._check_unlocked(author, nonce, digest)
+
+    def record(self, author: str, nonce: int, digest: bytes | None = None) -> None:
+        """Mark ``nonce`` seen, with the content ``digest`` if given. Call only after :meth:`check` returned None
+        (recording twice is harmless)."""
+        with self._lock:
+            self._record_unlocked(author, nonce, digest)
+
+    def merge(self, other: ReplayGuard) -> None:
+        """Add everything ``other`` has seen (e.g. the copy in a checkpoint); a nonce seen by either stays seen.
+
+        Both windows are aligned on the higher ``top``; positions ``other`` could not judge (its window is
+        smaller than ours) are marked seen, as in :meth:`from_dict`.
+        """
+        with self._lock:
+            self._merge_unlocked(other)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible state; authors in least-recently-seen-first order, bitmaps and digests as hex strings."""
+        with self._lock:
+            return self._to_dict_unlocked()
 
     def __len__(self) -> int:
         return len(self._authors)
@@ -77,14 +112,7 @@ class ReplayGuard:
         """The content digest recorded for (``author``, ``nonce``), or None if unknown."""
         return self._digests.get((author, nonce))
 
-    def check(self, author: str, nonce: int, digest: bytes | None = None) -> str | None:
-        """``"equivocation"``, ``"replay"``, ``"stale_nonce"``, or None if the nonce is new. Records nothing.
-
-        ``digest`` is the content digest of the message being checked; it is ``"equivocation"`` when another
-        digest is known for (author, nonce), whatever the window says (the known digest proves the author
-        signed other content under this nonce). The caller must have verified the signature first, or a
-        forger could make any author look like an equivocator.
-        """
+    def _check_unlocked(self, author: str, nonce: int, digest: bytes | None = None) -> str | None:
         if digest is not None:
             known = self._digests.get((author, nonce))
             if known is not None and known != digest:
@@ -100,9 +128,7 @@ class ReplayGuard:
             return STALE_NONCE
         return REPLAY if (bitmap >> offset) & 1 else None
 
-    def record(self, author: str, nonce: int, digest: bytes | None = None) -> None:
-        """Mark ``nonce`` seen, with the content ``digest`` if given. Call only after :meth:`check` returned None
-        (recording twice is harmless)."""
+    def _record_unlocked(self, author: str, nonce: int, digest: bytes | None = None) -> None:
         if digest is not None and self.max_digests > 0:
             self._digests.pop((author, nonce), None)
             self._digests[(author, nonce)] = digest  # (re)inserted last: the newest is forgotten last
@@ -124,12 +150,7 @@ class ReplayGuard:
         while len(self._authors) > self.max_authors:
             self._authors.popitem(last=False)
 
-    def merge(self, other: ReplayGuard) -> None:
-        """Add everything ``other`` has seen (e.g. the copy in a checkpoint); a nonce seen by either stays seen.
-
-        Both windows are aligned on the higher ``top``; positions ``other`` could not judge (its window is
-        smaller than ours) are marked seen, as in :meth:`from_dict`.
-        """
+    def _merge_unlocked(self, other: ReplayGuard) -> None:
         mask = (1 << self.window) - 1
         unknown = mask & ~((1 << other.window) - 1)
         for author, (o_top, o_bitmap) in other._authors.items():
@@ -150,8 +171,7 @@ class ReplayGuard:
         while len(self._digests) > self.max_digests:
             self._digests.popitem(last=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-compatible state; authors in least-recently-seen-first order, bitmaps and digests as hex strings."""
+    def _to_dict_unlocked(self) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
             "window": self.window,
