@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V12
 from libp2p.pubsub.pb import rpc_pb2
@@ -489,3 +490,32 @@ def test_publish_stops_waiting_for_a_peer_whose_queue_does_not_move() -> None:
     assert node._counts["stuck_peers"] == 1 and node._counts["pacing_timeouts"] == 0
     assert second >= 0.5, second  # waited until the slow peer's queue was short (12 x 0.05 s)
     assert queues[slow].length <= node.config.max_outbound_queue
+
+
+def test_a_peer_offering_only_plaintext_cannot_connect() -> None:
+    """py-libp2p offers noise, TLS, secio and plaintext unless told otherwise; a node offers noise only, so a
+    peer cannot get an unauthenticated connection by choosing plaintext."""
+    import libp2p
+    from libp2p.peer.peerinfo import info_from_p2p_addr
+    from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+    from multiaddr import Multiaddr
+
+    async def main() -> None:
+        async with GossipNode.open(config(), create_new_key_pair()) as node:
+            target = info_from_p2p_addr(Multiaddr(node.listen_addrs()[0]))
+            for secure in ("plaintext", "noise"):
+                pair = create_new_key_pair()
+                sec_opt = {TProtocol(PLAINTEXT_PROTOCOL_ID): InsecureTransport(pair)} if secure == "plaintext" else None
+                listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
+                host = libp2p.new_host(key_pair=pair, listen_addrs=listen, muxer_preference="YAMUX", sec_opt=sec_opt)
+                async with host.run(listen_addrs=listen):
+                    connected = True
+                    try:
+                        with trio.fail_after(10):
+                            await host.connect(target)
+                    except Exception:
+                        connected = False
+                    assert connected == (secure == "noise"), secure
+                    await host.close()
+
+    run(main)

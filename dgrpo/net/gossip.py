@@ -35,11 +35,14 @@ from typing import Annotated, Any, Self
 import libp2p
 import multihash
 import trio
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12
 from libp2p.pubsub.pb import rpc_pb2
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -173,6 +176,14 @@ class GossipStatistics:
     oversize_rpc: int  # inbound RPCs over max_inbound_rpc_size (each reset that peer's stream)
 
 
+def noise_only(key_pair: Any) -> dict[TProtocol, Any]:
+    """The one security protocol we offer: noise. py-libp2p 0.8.1 otherwise also offers TLS, secio and
+    ``/plaintext/2.0.0``, and a peer choosing plaintext gets an unauthenticated, unencrypted connection (its
+    messages are still signed, but the connection's peer id, which gossipsub credits as the forwarder, is not
+    proven). go- and js-libp2p speak noise by default."""
+    return {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)}
+
+
 def _check_topic(topic: str) -> None:
     if not topic or len(topic.encode()) > MAX_TOPIC_BYTES:
         raise GossipError(f"topic must be 1 to {MAX_TOPIC_BYTES} bytes, got {topic!r}")
@@ -261,7 +272,9 @@ class GossipNode:
         are closed explicitly: leaving the host's context only cancels its tasks, and a peer in the same process
         would never see the sockets close."""
         listen = [Multiaddr(config.listen)]
-        host = libp2p.new_host(key_pair=key_pair, listen_addrs=listen, muxer_preference="YAMUX")
+        host = libp2p.new_host(
+            key_pair=key_pair, listen_addrs=listen, muxer_preference="YAMUX", sec_opt=noise_only(key_pair)
+        )
         node = cls(config, host)
         async with (
             host.run(listen_addrs=listen),
