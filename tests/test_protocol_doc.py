@@ -358,6 +358,11 @@ def test_gossipsub_parameters_and_stack(doc: str) -> None:
     stack = {r[0]: r[1] for r in table_after(doc, "### Stack", ["layer", "what a dgrpo node uses"])}
     assert f"`{PROTOCOL_ID_V12}` and `{PROTOCOL_ID_V11}`" in stack["pubsub"]
     assert stack["stream muxer"].startswith("offered in this order: `/yamux/1.0.0`")
-    assert stack["security"].startswith("offered in this order: `/noise`")
+    from libp2p.crypto.ed25519 import create_new_key_pair
+
+    from dgrpo.net.gossip import noise_only
+
+    offered = [str(p) for p in noise_only(create_new_key_pair())]
+    assert offered == ["/noise"] and stack["security"].startswith("`/noise` only")
     assert f"`{sync_protocol('RUN').replace('RUN', '<run>')}`" in stack["request/response"]
     assert "`from || seqno`" in doc
