@@ -16,7 +16,7 @@ from dgrpo.round.admit import AdmissionStatistics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dgrpo-dashboard.json"
 # PromQL words that look like metric names: functions, aggregations, modifiers, Grafana's variables.
-PROMQL_WORDS = {"rate", "increase", "sum", "by", "without", "avg", "max", "min", "count", "irate", "delta", "on"}
+PROMQL_WORDS = {"rate", "increase", "sum", "topk", "by", "without", "avg", "max", "min", "count", "irate", "delta", "on"}
 
 
 def exposed_samples() -> set[str]:
@@ -25,9 +25,13 @@ def exposed_samples() -> set[str]:
     metrics.registry.register(
         WireCollector(
             lambda: TransportStatistics(
-                accepted=3, rejected_by_reason={"schema": 1}, rejected_by_peer={"p": 1}, dropped={"inbound_full": 1}
+                accepted=3,
+                rejected_by_reason={"schema": 1},
+                rejected_by_peer={"p": 1},
+                rejected_by_peer_reason={"p": {"schema": 1}},
+                dropped={"inbound_full": 1},
             ),
-            lambda: AdmissionStatistics({"closed_round": 2}, {"p": 2}),
+            lambda: AdmissionStatistics({"closed_round": 2}, {"p": 2}, {"p": {"closed_round": 2}}),
         )
     )
     metrics.reward_events.labels(event="sandbox_ok").inc()
