@@ -16,7 +16,21 @@ from dgrpo.round.admit import AdmissionStatistics
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "dgrpo-dashboard.json"
 # PromQL words that look like metric names: functions, aggregations, modifiers, Grafana's variables.
-PROMQL_WORDS = {"rate", "increase", "sum", "topk", "by", "without", "avg", "max", "min", "count", "irate", "delta", "on"}
+PROMQL_WORDS = {
+    "rate",
+    "increase",
+    "sum",
+    "topk",
+    "by",
+    "without",
+    "avg",
+    "max",
+    "min",
+    "count",
+    "irate",
+    "delta",
+    "on",
+}
 
 
 def exposed_samples() -> set[str]:
