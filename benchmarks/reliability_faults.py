@@ -60,7 +60,7 @@ def progress(message: str) -> None:
 
 
 def rss_mb(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
 
 
 # ---------------------------------------------------------------------------------------------- sigstop
@@ -148,8 +148,12 @@ def sigkill(out: Path, kills: int, seed: int) -> dict[str, Any]:
                 return True
 
             wait_until(started, 180, f"restart {k + 1} to run")
-            done = resumed["rounds_done"]
-            wait_until(lambda done=done: (victim.status() or {}).get("rounds_done", 0) > done, 180, "a round")
+            done = int(resumed["rounds_done"])
+
+            def trained(done: int = done) -> bool:
+                return int((victim.status() or {}).get("rounds_done", 0)) > done
+
+            wait_until(trained, 180, "a round")
             # Resumed exactly after the newest verifying checkpoint (or later, rejoining the network's round).
             row = {
                 "kill": k + 1,
@@ -259,7 +263,7 @@ trio.run(main)
 def messages_seen(node: NetNode) -> int:
     """Messages a daemon's validator judged so far (accepted or rejected)."""
     status = node.status() or {}
-    return int(status.get("messages_accepted", 0)) + sum(status.get("messages_rejected", {}).values())
+    return int(status.get("messages_accepted", 0)) + int(sum(status.get("messages_rejected", {}).values()))
 
 
 def flood(out: Path, seconds: float) -> dict[str, Any]:
@@ -268,18 +272,23 @@ def flood(out: Path, seconds: float) -> dict[str, Any]:
     try:
         wait_until(lambda: all(len(rounds_log(nd)) >= 4 for nd in nodes), 300, "four rounds everywhere")
         before = [row["seconds"] for nd in nodes for row in rounds_log(nd)[1:4]]
-        marks = [len(rounds_log(nd)) for nd in nodes]
-        seen_before = [messages_seen(nd) for nd in nodes]
         script = out / "flooder.py"
         script.write_text(FLOODER)
         progress(f"flooding for {seconds:.0f} s")
         cmd = [sys.executable, str(script), str(out / "flooder"), "testnet", str(seconds)]
-        done = subprocess.run(
-            [*cmd, *(tcp_address(nd) for nd in nodes)], capture_output=True, text=True, timeout=seconds + 180
+        flooder = subprocess.Popen(
+            [*cmd, *(tcp_address(nd) for nd in nodes)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
+        assert flooder.stdout is not None
+        started = flooder.stdout.readline()  # "flooding from <peer> at round <r>": its start-up is over
+        # Rounds from here on are measured: the flooder's start-up (imports, signing) is not the flood.
+        marks = [len(rounds_log(nd)) for nd in nodes]
+        seen_before = [messages_seen(nd) for nd in nodes]
+        stdout, stderr = flooder.communicate(timeout=seconds + 180)
         seen_during = [messages_seen(nd) - b for nd, b in zip(nodes, seen_before, strict=True)]
-        sent_line = next((ln for ln in done.stdout.splitlines() if ln.startswith("SENT")), "SENT 0 1")
-        attacker = next((ln.split()[2] for ln in done.stdout.splitlines() if ln.startswith("flooding")), "")
+        lines = [started, *stdout.splitlines()]
+        sent_line = next((ln for ln in lines if ln.startswith("SENT")), "SENT 0 1")
+        attacker = next((ln.split()[2] for ln in lines if ln.startswith("flooding")), "")
         _, sent, elapsed = sent_line.split()[:3]
         wait_until(lambda: all(len(rounds_log(nd)) >= m + 3 for nd, m in zip(nodes, marks, strict=True)), 300, "rounds")
         during = [row["seconds"] for nd, m in zip(nodes, marks, strict=True) for row in rounds_log(nd)[m : m + 3]]
@@ -300,7 +309,7 @@ def flood(out: Path, seconds: float) -> dict[str, Any]:
         "blacklisted_at": f"{blacklisted}/{len(nodes)}",
         "validated_per_honest_node": seen_during,
         "rejected_by_honest": rejected,
-        "flooder_stderr_tail": done.stderr[-500:],
+        "flooder_stderr_tail": stderr[-500:],
     }
 
 
