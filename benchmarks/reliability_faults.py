@@ -12,7 +12,8 @@ Scenarios (each bounded in time, each printing one table row and writing ``DIR/<
   rollouts as fast as it can. Reports the flood rate, the honest round time before and during the flood,
   and at how many honest daemons the flooder was blacklisted.
 - ``soak``: a 3-daemon testnet for ``--minutes``; RSS of every daemon sampled every ``--every`` s, growth
-  measured from the end of the warm-up (``--warmup`` s). Writes ``soak.csv`` and ``soak.png``.
+  measured from the end of the warm-up (``--warmup`` s). Writes ``soak.csv`` and ``soak.png``; ``soak-report``
+  recomputes the figures and the plot from ``soak.csv``.
 
 Targets (docs/reliability.md): honest rounds <= 2x slower under a flood and the flooder blacklisted; others keep
 their round time with a frozen peer and it catches up; every SIGKILL restart resumes from a verifying checkpoint;
@@ -335,19 +336,43 @@ def soak(out: Path, minutes: float, every: float, warmup: float) -> dict[str, An
             time.sleep(every)
     finally:
         clean = stop_nodes(nodes)
-    base = [s for s in samples if s["t_s"] >= warmup]
+    indices = [nd.index for nd in nodes]
+    write_soak_outputs(out, samples, indices, warmup)
+    return {**soak_summary(samples, indices, warmup), "stopped_cleanly": clean}
+
+
+def soak_summary(samples: list[dict[str, Any]], indices: list[int], warmup: float, window: int = 4) -> dict[str, Any]:
+    """RSS growth per daemon from the end of the warm-up to the end: sample to sample, and between the means of
+    the first and the last ``window`` samples (RSS moves by tens of MB with the allocator; a mean is steadier)."""
+    base = [row for row in samples if row["t_s"] >= warmup]
     first, last = base[0], base[-1]
-    growth = {nd.index: (last[f"rss_mb_{nd.index}"] / first[f"rss_mb_{nd.index}"] - 1) for nd in nodes}
-    write_soak_outputs(out, samples, [nd.index for nd in nodes], warmup)
+
+    def mean(rows: list[dict[str, Any]], i: int) -> float:
+        return statistics.mean(float(row[f"rss_mb_{i}"]) for row in rows)
+
+    point = {i: float(last[f"rss_mb_{i}"]) / float(first[f"rss_mb_{i}"]) - 1 for i in indices}
+    windowed = {i: mean(base[-window:], i) / mean(base[:window], i) - 1 for i in indices}
     return {
         "scenario": "soak",
-        "minutes": round(samples[-1]["t_s"] / 60, 1),
-        "rounds": [last[f"rounds_{nd.index}"] for nd in nodes],
-        "rss_mb_after_warmup": [first[f"rss_mb_{nd.index}"] for nd in nodes],
-        "rss_mb_end": [last[f"rss_mb_{nd.index}"] for nd in nodes],
-        "growth_max_pct": round(100 * max(growth.values()), 2),
-        "stopped_cleanly": clean,
+        "minutes": round(float(samples[-1]["t_s"]) / 60, 1),
+        "rounds": [int(last[f"rounds_{i}"]) for i in indices],
+        "rss_mb_after_warmup": [float(first[f"rss_mb_{i}"]) for i in indices],
+        "rss_mb_end": [float(last[f"rss_mb_{i}"]) for i in indices],
+        "rss_mb_max": [max(float(row[f"rss_mb_{i}"]) for row in base) for i in indices],
+        "growth_max_pct": round(100 * max(point.values()), 2),
+        "growth_max_pct_windowed": round(100 * max(windowed.values()), 2),
     }
+
+
+def soak_report(out: Path, warmup: float) -> dict[str, Any]:
+    """Recompute the soak's figures (and its plot) from ``soak.csv``."""
+    import csv
+
+    with (out / "soak.csv").open() as f:
+        samples: list[dict[str, Any]] = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    indices = sorted(int(k.rsplit("_", 1)[1]) for k in samples[0] if k.startswith("rss_mb_"))
+    write_soak_outputs(out, samples, indices, warmup)
+    return soak_summary(samples, indices, warmup)
 
 
 def write_soak_outputs(out: Path, samples: list[dict[str, Any]], indices: list[int], warmup: float) -> None:
@@ -376,7 +401,7 @@ def write_soak_outputs(out: Path, samples: list[dict[str, Any]], indices: list[i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=["sigstop", "sigkill", "flood", "soak"])
+    parser.add_argument("scenario", choices=["sigstop", "sigkill", "flood", "soak", "soak-report"])
     parser.add_argument("--out", type=Path, default=Path("runs/reliability"))
     parser.add_argument("--frozen-rounds", type=int, default=6)
     parser.add_argument("--kills", type=int, default=20)
@@ -394,6 +419,9 @@ def main() -> None:
         result = sigkill(out, args.kills, args.seed)
     elif args.scenario == "flood":
         result = flood(out, args.flood_seconds)
+    elif args.scenario == "soak-report":
+        out = args.out / "soak"
+        result = soak_report(out, args.warmup)
     else:
         result = soak(out, args.minutes, args.every, args.warmup)
     (out / f"{args.scenario}.json").write_text(json.dumps(result, indent=2))
