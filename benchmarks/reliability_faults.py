@@ -303,6 +303,7 @@ def flood(out: Path, seconds: float) -> dict[str, Any]:
         "flooder": attacker,
         "sent": int(sent),
         "send_rate_per_s": round(int(sent) / float(elapsed), 1),
+        "seconds_until_every_peer_cut_it_off": round(float(elapsed), 2),
         "round_s_before_median": statistics.median(before),
         "round_s_flood_median": statistics.median(during),
         "round_s_flood_max": max(during),

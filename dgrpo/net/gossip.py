@@ -170,6 +170,7 @@ class GossipStatistics:
     pacing_timeouts: int
     stuck_peers: int  # times publish stopped waiting for a peer whose queue did not move
     dropped_to_peers: int  # RPCs not sent because a peer's outbound queue was full
+    refused_blacklisted: int  # pubsub streams a blacklisted peer opened again, reset unread
     bootstrap_attempts: int
     bootstrap_failures: int
     connected_peers: int
@@ -318,7 +319,15 @@ class GossipNode:
     def statistics(self) -> GossipStatistics:
         counts = {f.name: self._counts[f.name] for f in fields(GossipStatistics)}
         dropped = sum(self._router.dropped_to_peer.values())
-        return GossipStatistics(**{**counts, "connected_peers": len(self._pubsub.peers), "dropped_to_peers": dropped})
+        refused = sum(self._pubsub.refused_blacklisted.values())
+        return GossipStatistics(
+            **{
+                **counts,
+                "connected_peers": len(self._pubsub.peers),
+                "dropped_to_peers": dropped,
+                "refused_blacklisted": refused,
+            }
+        )
 
     def dropped_to_peer(self) -> dict[str, int]:
         """Messages py-libp2p dropped because the peer's outbound queue was full, per peer."""

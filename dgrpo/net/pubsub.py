@@ -100,6 +100,7 @@ class DeliveringPubsub(Pubsub):
         self._deliver = deliver
         self._on_oversize = on_oversize
         self._write_locks: weakref.WeakKeyDictionary[Any, trio.Lock] = weakref.WeakKeyDictionary()
+        self.refused_blacklisted: Counter[str] = Counter()  # pubsub streams a blacklisted peer opened, refused
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         token = _FORWARDER.set(msg_forwarder)
@@ -146,7 +147,19 @@ class DeliveringPubsub(Pubsub):
 
     async def stream_handler(self, stream: Any) -> None:
         """py-libp2p 0.8.1 closes a peer's stream on a bad length prefix but lets a protobuf DecodeError escape,
-        which takes down the connection's tasks and the node: one malformed RPC from any peer was fatal."""
+        which takes down the connection's tasks and the node: one malformed RPC from any peer was fatal.
+
+        A blacklisted peer that dials in again gets no reader: its stream is reset and its connection closed.
+        py-libp2p would read and decode every RPC it sends, only to drop the messages one by one; a blacklisted
+        flooder redialling every second kept honest rounds 2.8x slower (``benchmarks/reliability_faults.py``)."""
+        peer_id = stream.muxed_conn.peer_id
+        if self.is_peer_blacklisted(peer_id):
+            self.refused_blacklisted[peer_id.to_base58()] += 1
+            with suppress(Exception):
+                await stream.reset()
+            with suppress(Exception):
+                await self.host.disconnect(peer_id)
+            return
         try:
             await super().stream_handler(stream)
         except DecodeError:
