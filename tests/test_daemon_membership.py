@@ -66,15 +66,16 @@ def test_a_round_waits_for_peers_in_step_only(daemon: Daemon) -> None:
     table = [
         peer("at", 10),
         peer("behind-one", 9),  # still training on round 9: it publishes round 10 next
+        peer("behind-two", 8),  # or its round-start heartbeat has not arrived yet
         peer("straggler", 7),  # will rejoin at the network's round, never publishes round 10
         peer("ahead", 11),  # already past it and sent nothing of it: joined after round 10 began
         peer("stopping", 10, status="stopping"),
     ]
     attach(daemon, table)
-    assert daemon.expected_peers(10) == {"at", "behind-one"}
+    assert daemon.expected_peers(10) == {"at", "behind-one", "behind-two"}
     # A rollout overtakes the heartbeat announcing its round: a peer that sent round 9 is in step.
     daemon.inbox.latest["straggler"] = 9
-    assert daemon.expected_peers(10) == {"at", "behind-one", "straggler"}
+    assert daemon.expected_peers(10) == {"at", "behind-one", "behind-two", "straggler"}
 
 
 def test_a_peer_that_sent_part_of_a_round_is_waited_for_until_it_is_two_rounds_past(daemon: Daemon) -> None:
@@ -85,7 +86,6 @@ def test_a_peer_that_sent_part_of_a_round_is_waited_for_until_it_is_two_rounds_p
     for author in ("next", "far"):
         daemon.inbox.add(_rollout(author, 10))
     assert daemon.expected_peers(10) == {"next"}  # its other parts may still be in flight
-
 
 
 def test_a_peer_that_disconnects_mid_round_is_no_longer_expected(daemon: Daemon) -> None:

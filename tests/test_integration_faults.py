@@ -83,9 +83,9 @@ def test_a_frozen_peer_does_not_slow_the_others_and_catches_up(tmp_path: Path) -
     later = [row["seconds"] for rows in during for row in rows[2:]]
     assert statistics.median(later) <= 2 * normal + 0.5, (normal, later)
     for rows in during:
-        assert victim.peer_id in rows[0]["departed"] or victim.peer_id not in rows[0]["authors"], rows[0]
-        assert all(victim.peer_id not in row["authors"] for row in rows[1:])
-        assert all(len(row["authors"]) == 2 for row in rows[1:])  # the two live nodes keep training together
+        # It may have delivered the round it froze in (and the next, a round ahead); after that, never.
+        assert all(victim.peer_id not in row["authors"] for row in rows[2:])
+        assert all(len(row["authors"]) == 2 for row in rows[2:])  # the two live nodes keep training together
 
 
 def test_a_peer_that_stops_mid_round_is_not_waited_for(tmp_path: Path) -> None:

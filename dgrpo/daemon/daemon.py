@@ -403,18 +403,20 @@ class Daemon:
         return self.transport.peers() - gone
 
     def expected_peers(self, round_idx: int) -> set[str]:
-        """Live peers whose rollouts for ``round_idx`` we wait for: those in step with it (at it, or one round
-        behind and about to publish it), and those that already sent some of it unless two rounds past it. A
-        peer that joined after this round began never publishes it; a straggler two or more rounds behind
-        rejoins at the network's round (:meth:`_catch_up`) and never publishes this one either: neither is
-        waited for."""
+        """Live peers whose rollouts for ``round_idx`` we wait for: those in step with it (at it, or up to two
+        rounds behind and about to publish it), and those that already sent some of it unless two rounds past
+        it. A peer that joined after this round began never publishes it; a straggler three or more rounds
+        behind rejoins at the network's round (:meth:`_catch_up`) and never publishes this one either: neither
+        is waited for."""
         sent = self.inbox.authors(round_idx)
 
         def expected(p: str) -> bool:
             progress = self.progress(p)
-            # One round ahead, its last parts of this round may still be in flight; two rounds ahead they have
-            # arrived or are lost (a peer publishes all its parts when its round starts).
-            return round_idx - 1 <= progress <= round_idx or (p in sent and progress <= round_idx + 1)
+            # Behind by up to two rounds (still training, or its round-start heartbeat not here yet) it will
+            # publish this round; further behind it is a straggler that rejoins later (_catch_up). One round
+            # ahead, its last parts of this round may still be in flight; two rounds ahead they have arrived or
+            # are lost (a peer publishes all its parts when its round starts).
+            return round_idx - 2 <= progress <= round_idx or (p in sent and progress <= round_idx + 1)
 
         return {p for p in self.live_peers() if expected(p)}
 
@@ -462,6 +464,7 @@ class Daemon:
             await self._await_peers()
             self._catch_up()
             r = self.round
+            self._announce.set()  # a heartbeat at every round start: peers see our progress within the round
             expected = self.expected_peers(r)
 
             def still_expected(waiting: set[str], r: int = r) -> set[str]:
