@@ -116,3 +116,57 @@ def test_oversize_rpcs_are_counted_with_the_validators_reasons_and_lead_to_black
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@pytest.mark.slow
+def test_rollouts_beyond_the_authors_plan_are_refused_inside_gossipsub_and_not_forwarded(tmp_path: Path) -> None:
+    """A flooder's surplus must not be forwarded: every node used to forward it all (the quota was checked only
+    at the round), its outbound queues filled and py-libp2p dropped honest rollouts there. Chain A - B - C: B
+    passes on to C only the first ``rollout_quota`` rollouts of A's round, counts the rest, and blacklists A."""
+    ids = [Identity.generate() for _ in range(3)]
+
+    async def main() -> None:
+        topic = rollout_topic(RUN)
+        async with GossipNode.open(GossipConfig(**FAST), ids[1].to_libp2p_keypair()) as b:
+            near = GossipConfig(bootstrap=tuple(b.listen_addrs()), **FAST)
+            async with (
+                GossipNode.open(near, ids[0].to_libp2p_keypair()) as a,
+                GossipNode.open(near, ids[2].to_libp2p_keypair()) as c,
+                trio.open_nursery() as nursery,
+            ):
+                validator = MessageValidator(RUN, Limits(blacklist_after=5), ReplayGuard(64))
+                transport = Libp2pTransport(b, Signer(ids[1], RUN, NonceCounter(tmp_path / "b")), validator, RUN)
+                transport.rollout_quota = 3
+                await transport.start(nursery)
+                at_c = await c.subscribe(topic)
+                await a.subscribe(topic)
+                await a.wait_for_mesh(topic, 1, timeout=30)
+                await c.wait_for_mesh(topic, 1, timeout=30)
+                flooder = Signer(ids[0], RUN, NonceCounter(tmp_path / "a"))
+                for part in range(12):
+                    r = rollout(ids[0].peer_id).model_copy(update={"part": part, "parts": 100})
+                    await a.publish(topic, flooder.sign_rollout(r))
+                with trio.fail_after(30):
+                    while ids[0].peer_id not in b.blacklisted():
+                        await trio.sleep(0.05)
+                await trio.sleep(0.5)
+                delivered = []
+                while True:
+                    try:
+                        delivered.append(transport.inbound().receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                forwarded = []
+                while True:
+                    try:
+                        forwarded.append(at_c.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                assert len(delivered) == 3 and len(forwarded) == 3, (len(delivered), len(forwarded))
+                stats = transport.statistics()
+                assert stats.rejected_by_reason["over_quota"] == 5  # then blacklisted: the rest never validated
+                assert stats.rejected_by_peer_reason[ids[0].peer_id]["over_quota"] == 5
+                assert stats.accepted == 3
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -309,6 +309,8 @@ class Daemon:
             self.transport = Libp2pTransport(
                 gossip, self.signer, self.validator, s.run_id, peer_timeout=s.rounds.peer_timeout_seconds
             )
+            plan = self.node.admitter.plan
+            self.transport.rollout_quota = plan.parts if plan is not None else None
             server = None
             if s.status.enabled:
                 server = StatusServer(s.status.host, s.status.port, self.snapshot, self.metrics.registry).start()

@@ -19,7 +19,7 @@ import trio
 
 from dgrpo.net.gossip import OVERSIZE_RPC, GossipMessage, GossipNode
 from dgrpo.net.transport import DROP_REASONS, Transport, TransportStatistics
-from dgrpo.protocol.counting import merge
+from dgrpo.protocol.counting import PeerReasons, merge
 from dgrpo.protocol.envelope import Envelope, HeartbeatBody, Signer, to_rollout
 from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.messages import Rollout
@@ -27,6 +27,8 @@ from dgrpo.protocol.topics import control_topic, rollout_topic
 from dgrpo.protocol.validator import UNKNOWN_PEER, MessageValidator
 
 log = logging.getLogger(__name__)
+OVER_QUOTA = "over_quota"  # a rollout beyond its author's plan for the round, refused inside gossipsub
+MAX_QUOTA_KEYS = 65_536  # (author, round) pairs remembered for the quota, oldest forgotten first
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,10 @@ class Libp2pTransport(Transport):
         # gossipsub validators are synchronous; blacklisting (which disconnects) is async, so it is queued.
         self._to_blacklist, self._blacklist_queue = trio.open_memory_channel[str](1024)
         self._blacklisting: set[str] = set()
+        # Rollouts per author and round passed so far (``_within_quota``); None: no quota (no plan).
+        self.rollout_quota: int | None = None
+        self._per_round: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._over_quota = PeerReasons(validator.limits.max_tracked_peers)
 
     # ----------------------------------------------------------------- validation (runs inside gossipsub)
     def _validator(self, kind: str) -> Any:
@@ -72,6 +78,8 @@ class Libp2pTransport(Transport):
                 if verdict.peer and verdict.peer != UNKNOWN_PEER:
                     self._blacklist_if_penalised(verdict.peer, verdict.reason or "")
                 return False
+            if kind == "rollout" and not self._within_quota(verdict.envelope, verdict.peer or source):
+                return False
             self._validated[hashlib.sha256(data).digest()] = verdict.envelope
             while len(self._validated) > 8192:  # delivered messages are popped; this bounds undelivered ones
                 self._validated.popitem(last=False)
@@ -79,12 +87,31 @@ class Libp2pTransport(Transport):
 
         return check
 
+    def _within_quota(self, env: Envelope, author: str) -> bool:
+        """At most ``rollout_quota`` (the plan's parts) rollouts per author and round pass gossipsub's validation.
+        Checked here, not only on arrival at the round: a rejected message is not forwarded, so one flooder's
+        surplus never fills the honest peers' outbound queues (a flood forwarded by every node made py-libp2p
+        drop honest rollouts there, and rounds closed at their deadline). Each one over is a penalty."""
+        if self.rollout_quota is None:
+            return True
+        key = (author, env.round)
+        held = self._per_round.get(key, 0)
+        if held >= self.rollout_quota:
+            self._over_quota.add(author, OVER_QUOTA)
+            self._blacklist_if_penalised(author, OVER_QUOTA)
+            return False
+        self._per_round[key] = held + 1
+        self._per_round.move_to_end(key)
+        while len(self._per_round) > MAX_QUOTA_KEYS:
+            self._per_round.popitem(last=False)
+        return True
+
     def _blacklist_if_penalised(self, peer: str, reason: str) -> None:
         """Blacklist ``peer`` once its penalised rejections, the validator's and the gossip layer's (an RPC over
         the size cap, which publish never sends: no honest peer earns one), reach ``limits.blacklist_after``."""
         if peer == self.peer_id or peer in self._blacklisting:
             return
-        penalties = self.validator.penalties(peer) + self.gossip.rejections_of(peer)
+        penalties = self.validator.penalties(peer) + self.gossip.rejections_of(peer) + self._over_quota.total(peer)
         # should_blacklist: also a single equivocation, which proves misbehaviour on its own.
         if penalties < self.validator.limits.blacklist_after and not self.validator.should_blacklist(peer):
             return
@@ -198,7 +225,10 @@ class Libp2pTransport(Transport):
         by_reason = dict(stats.rejected_by_reason)
         if gossip.oversize_rpc:
             by_reason[OVERSIZE_RPC] = gossip.oversize_rpc
-        ours = self.gossip.rejections_by_peer()
+        quota = self._over_quota.snapshot()
+        if quota:  # passed the validator (counted there as accepted), then refused here
+            by_reason[OVER_QUOTA] = sum(self._over_quota.by_peer().values())
+        ours = merge(self.gossip.rejections_by_peer(), quota)
         by_peer_reason = merge({p: dict(r) for p, r in stats.rejected_by_peer_reason.items()}, ours)
         by_peer = dict(stats.rejected_by_peer)
         for peer, reasons in ours.items():
@@ -207,7 +237,7 @@ class Libp2pTransport(Transport):
         counts = (self.dropped_inbound, gossip.dropped, gossip.dropped_to_peers)
         dropped = dict(zip(DROP_REASONS, counts, strict=True))
         return TransportStatistics(
-            accepted=stats.accepted,
+            accepted=stats.accepted - by_reason.get(OVER_QUOTA, 0),
             rejected_by_reason=by_reason,
             rejected_by_peer=by_peer,
             rejected_by_peer_reason=by_peer_reason,
