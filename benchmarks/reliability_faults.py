@@ -31,29 +31,15 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from dgrpo.daemon.checkpoint import CheckpointManager
-from dgrpo.daemon.testnet import NetNode, start_testnet, stop_nodes, tcp_address
+from dgrpo.daemon.testnet import NetNode, rounds_log, start_testnet, stop_nodes, tcp_address, wait_until
 
 FAST = ["rounds.deadline_seconds=30", "rounds.peer_timeout_seconds=3", "checkpoint.every=1"]
-
-
-def rounds_log(node: NetNode) -> list[dict[str, Any]]:
-    path = node.state_dir / "rounds.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    t0 = time.time()
-    while not predicate():
-        if time.time() - t0 > timeout:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.3)
 
 
 def progress(message: str) -> None:

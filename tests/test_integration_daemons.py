@@ -6,30 +6,25 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from dgrpo.daemon.testnet import NetNode, launch_node, start_testnet, stop_nodes, tcp_address, wait_rounds
+from dgrpo.daemon.testnet import (
+    NetNode,
+    launch_node,
+    rounds_log,
+    start_testnet,
+    stop_nodes,
+    tcp_address,
+    wait_rounds,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
 
 FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6", "checkpoint.every=1"]
-
-
-def rounds_log(node: NetNode) -> list[dict[str, Any]]:
-    path = node.state_dir / "rounds.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    t0 = time.time()
-    while not predicate():
-        assert time.time() - t0 < timeout, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def metrics_of(node: NetNode) -> dict[str, float]:

@@ -3,30 +3,16 @@ mid-round (SIGTERM). Real daemons, real processes, real libp2p gossipsub on loop
 
 from __future__ import annotations
 
-import json
 import signal
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from dgrpo.daemon.testnet import NetNode, start_testnet, stop_nodes
+from dgrpo.daemon.testnet import rounds_log, start_testnet, stop_nodes, wait_until
 
 pytestmark = pytest.mark.slow  # real processes / many rounds: not in the fast tier
-
-
-def rounds_log(node: NetNode) -> list[dict[str, Any]]:
-    path = node.state_dir / "rounds.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> None:
-    t0 = time.time()
-    while not predicate():
-        assert time.time() - t0 < timeout, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def test_a_frozen_peer_does_not_slow_the_others_and_catches_up(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ that many rounds and linger; when all are done they get SIGTERM, write ``node-<i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -196,6 +197,27 @@ def stop_nodes(nodes: list[NetNode], timeout: float = 60.0) -> bool:
             clean = False
         clean = clean and nd.process.returncode == 0 and (nd.state_dir / "status.json").exists()
     return clean
+
+
+def rounds_log(node: NetNode) -> list[dict[str, Any]]:
+    """The rounds a node has logged so far (``rounds.jsonl``; a line being written is skipped)."""
+    path = node.state_dir / "rounds.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; :class:`TimeoutError` naming ``what`` after ``timeout`` s."""
+    t0 = time.time()
+    while not predicate():
+        if time.time() - t0 > timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.3)
 
 
 def log_tail(state_dir: Path, lines: int = 30) -> str:
