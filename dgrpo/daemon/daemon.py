@@ -26,6 +26,7 @@ import trio
 
 from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
+from dgrpo.daemon.identity import check_resume, load_identity
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
 from dgrpo.daemon.settings import NodeSettings
@@ -35,7 +36,6 @@ from dgrpo.net.gossip import GossipConfig, GossipNode
 from dgrpo.net.p2p import Libp2pTransport
 from dgrpo.net.transport import TransportStatistics
 from dgrpo.protocol.envelope import HeartbeatBody, Signer
-from dgrpo.protocol.identity import Identity
 from dgrpo.protocol.nonce import NonceCounter
 from dgrpo.protocol.replay import ReplayGuard
 from dgrpo.protocol.validator import MessageValidator
@@ -47,36 +47,6 @@ from dgrpo.round.run import run_round
 from dgrpo.tasks import get_task
 
 log = logging.getLogger("dgrpo.daemon")
-
-
-def load_identity(settings: NodeSettings) -> Identity:
-    path = settings.key_path
-    if path.exists():
-        return Identity.load(path)
-    if not settings.identity.create:
-        raise ConfigError(f"identity key {path} does not exist; create one with `dgrpo keygen {path}`")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    identity = Identity.generate()
-    identity.save(path)
-    log.info("created identity %s in %s", identity.peer_id, path)
-    return identity
-
-
-def check_resume(settings: NodeSettings, resume: bool, allow_fresh: bool = False) -> None:
-    """``--resume`` never continues one node's state under another identity: refuse (a clear error, exit
-    status 2) when the identity key is gone but the state folder holds a node's checkpoints or protocol
-    state, unless ``allow_fresh`` says a new node may start there."""
-    if not resume or allow_fresh or settings.key_path.exists():
-        return
-    folder = settings.checkpoint_folder
-    held = sorted(p.name for p in folder.glob("round-*.ckpt")) if folder.is_dir() else []
-    held += [name for name in ("nonce.json", "replay.json") if (settings.state_dir / name).exists()]
-    if held:
-        raise ConfigError(
-            f"--resume: the identity key {settings.key_path} is missing, but {settings.state_dir} holds a node's "
-            f"state ({', '.join(held)}); continuing it under a new identity would hand one node's training and "
-            "protocol state to another. Restore the key, or pass --allow-fresh to start a new node there"
-        )
 
 
 class Daemon:

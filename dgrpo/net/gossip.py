@@ -28,34 +28,32 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, Self
+from typing import Any
 
 import libp2p
 import multihash
 import trio
-from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12
 from libp2p.pubsub.pb import rpc_pb2
-from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
-from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dgrpo.errors import DgrpoError
+from dgrpo.net.gossip_config import LIBP2P_MAX_RPC_BYTES
+from dgrpo.net.gossip_config import GossipConfig as GossipConfig  # re-exported: the node's settings
+from dgrpo.net.host import dial_addrs, queue_idle, trim_router_state
+from dgrpo.net.host import noise_only as noise_only  # re-exported
 from dgrpo.net.pubsub import DeliveringPubsub, ReceiptGossipSub
 from dgrpo.net.streams import Stream, StreamError, StreamHandler
 from dgrpo.protocol.counting import PeerReasons
 
 logger = logging.getLogger(__name__)
 
-LIBP2P_MAX_RPC_BYTES = 1024 * 1024  # py-libp2p's per-RPC limit; bigger outbound RPCs are dropped silently
-RPC_OVERHEAD_BYTES = 8 * 1024  # room for from, seqno, topic, signature, key and the signed peer record
 MAX_TOPIC_BYTES = 256
 POLL_SECONDS = 0.002  # for waits py-libp2p signals no event for (queue lengths, peer counts)
 OVERSIZE_RPC = "oversize_rpc"  # an inbound RPC over max_inbound_rpc_size, decided here, before any validator
@@ -77,79 +75,6 @@ class MessageTooLargeError(GossipError):
 
 class GossipTimeoutError(GossipError):
     """A readiness wait (peers, mesh) ran out of time."""
-
-
-class GossipConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-    listen: Annotated[str, Field(description="listen multiaddr; tcp/0 picks a free port")] = "/ip4/127.0.0.1/tcp/0"
-    bootstrap: Annotated[tuple[str, ...], Field(description="peers to keep dialled: multiaddrs with /p2p/<id>")] = ()
-    heartbeat_interval: Annotated[float, Field(gt=0.0, description="s; py-libp2p's 120 s meshes slowly")] = 1.0
-    degree: Annotated[int, Field(ge=1, description="target mesh degree D")] = 6
-    degree_low: Annotated[int, Field(ge=1, description="mesh degree below which peers are grafted")] = 4
-    degree_high: Annotated[int, Field(ge=1, description="mesh degree above which peers are pruned")] = 12
-    # py-libp2p's default, 10/s per (forwarding peer, topic), counts our own publishes too and drops the excess
-    # without error: one node publishing a message per rollout group, or a relay forwarding several authors'
-    # rollouts, passes it within a round. 1000/s still stops a flood.
-    max_messages_per_topic_per_second: Annotated[
-        float, Field(gt=0.0, description="spam limit per (forwarding peer, topic); the excess is not forwarded")
-    ] = 1000.0
-    max_message_bytes: Annotated[
-        int, Field(ge=1, description="largest payload publish accepts; py-libp2p drops RPCs over 1 MiB silently")
-    ] = LIBP2P_MAX_RPC_BYTES - RPC_OVERHEAD_BYTES
-    max_inbound_rpc_size: Annotated[int, Field(ge=1, description="a bigger inbound RPC resets the stream")] = (
-        LIBP2P_MAX_RPC_BYTES + 64 * 1024
-    )
-    max_outbound_queue: Annotated[
-        int, Field(ge=1, le=31, description="publish waits while a peer's outbound queue (32 RPCs) is longer")
-    ] = 8
-    pacing_timeout: Annotated[float, Field(gt=0.0, description="s publish waits at most for the queues")] = 10.0
-    stuck_after: Annotated[
-        float,
-        Field(
-            gt=0.0,
-            description="s a peer's full outbound queue may stay unmoved before publish stops waiting for it "
-            "(what does not fit is dropped to that peer, counted per peer)",
-        ),
-    ] = 1.0
-    inbound_queue: Annotated[int, Field(ge=1, description="messages buffered per topic; more are dropped")] = 4096
-    bootstrap_backoff_initial: Annotated[float, Field(gt=0.0, description="s before the first redial")] = 0.5
-    bootstrap_backoff_max: Annotated[float, Field(gt=0.0, description="cap on the redial backoff, in s")] = 30.0
-    dial_timeout: Annotated[float, Field(gt=0.0, description="s one bootstrap dial may take")] = 10.0
-    strict_signing: Annotated[bool, Field(description="sign our messages, drop unsigned or forged ones")] = True
-    equivocation_cache: Annotated[int, Field(ge=1, description="whole messages gossipsub keeps to compare")] = 256
-    shutdown_flush_timeout: Annotated[float, Field(ge=0.0, description="s closing may wait for the flush")] = 5.0
-    max_tracked_peers: Annotated[
-        int, Field(ge=1, description="peers kept by the rejection counters; the least recently rejected go first")
-    ] = 10_000
-
-    @field_validator("listen")
-    @classmethod
-    def _parse_listen(cls, value: str) -> str:
-        Multiaddr(value)
-        return value
-
-    @field_validator("bootstrap")
-    @classmethod
-    def _parse_bootstrap(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for addr in value:
-            try:
-                info_from_p2p_addr(Multiaddr(addr))
-            except Exception as error:
-                raise ValueError(f"bootstrap address {addr!r} is not a multiaddr ending in /p2p/<id>") from error
-        return value
-
-    @model_validator(mode="after")
-    def _check_bounds(self) -> Self:
-        if not self.degree_low <= self.degree <= self.degree_high:
-            raise ValueError("need degree_low <= degree <= degree_high")
-        if self.max_message_bytes > LIBP2P_MAX_RPC_BYTES - RPC_OVERHEAD_BYTES:
-            raise ValueError(f"max_message_bytes must be <= {LIBP2P_MAX_RPC_BYTES - RPC_OVERHEAD_BYTES}")
-        if self.max_inbound_rpc_size < self.max_message_bytes + RPC_OVERHEAD_BYTES:
-            raise ValueError("max_inbound_rpc_size must be >= max_message_bytes + RPC_OVERHEAD_BYTES")
-        if self.bootstrap_backoff_initial > self.bootstrap_backoff_max:
-            raise ValueError("need bootstrap_backoff_initial <= bootstrap_backoff_max")
-        return self
 
 
 @dataclass(frozen=True)
@@ -177,14 +102,6 @@ class GossipStatistics:
     oversize_rpc: int  # inbound RPCs over max_inbound_rpc_size (each reset that peer's stream)
 
 
-def noise_only(key_pair: Any) -> dict[TProtocol, Any]:
-    """The one security protocol we offer: noise. py-libp2p 0.8.1 otherwise also offers TLS, secio and
-    ``/plaintext/2.0.0``, and a peer choosing plaintext gets an unauthenticated, unencrypted connection (its
-    messages are still signed, but the connection's peer id, which gossipsub credits as the forwarder, is not
-    proven). go- and js-libp2p speak noise by default."""
-    return {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)}
-
-
 def _check_topic(topic: str) -> None:
     if not topic or len(topic.encode()) > MAX_TOPIC_BYTES:
         raise GossipError(f"topic must be 1 to {MAX_TOPIC_BYTES} bytes, got {topic!r}")
@@ -197,34 +114,6 @@ def _peer_id(peer_id: str) -> ID:
         return peer
     except Exception as error:
         raise GossipError(f"not a peer id: {peer_id!r}") from error
-
-
-def _dial_addrs(peer: ID, addrs: Sequence[str]) -> list[Multiaddr]:
-    """The transport addresses of ``addrs`` (as heartbeats announce them, ``.../p2p/<id>``) that name ``peer``;
-    unparsable ones are skipped: they come from the network."""
-    out: list[Multiaddr] = []
-    for addr in addrs:
-        with suppress(Exception):
-            info = info_from_p2p_addr(Multiaddr(addr))
-            if info.peer_id == peer:
-                out.extend(info.addrs)
-    return out
-
-
-def _queue_idle(queue: Any) -> bool:
-    """An outbound queue is empty and its sender waits for more (so its last write has finished)."""
-    notify = getattr(queue, "_notify", None)
-    return len(queue) == 0 and (notify is None or notify.statistics().tasks_waiting > 0)
-
-
-def _trim_router_state(router: Any, keep: int) -> None:
-    """Bound gossipsub bookkeeping that grows with every message in py-libp2p 0.8.1."""
-    kept = router.equivocation_detection  # dict in insertion order, of whole messages
-    for key in list(kept)[: max(0, len(kept) - keep)]:
-        del kept[key]
-    router.recent_message_deliveries.clear()  # these three are read only by adaptive gossip, which is off
-    router.recent_peer_connections.clear()
-    router.recent_peer_disconnections.clear()
 
 
 class GossipNode:
@@ -443,7 +332,7 @@ class GossipNode:
         try:
             peer = _peer_id(peer_id)
             if peer not in self._host.get_connected_peers():
-                dial = _dial_addrs(peer, addrs)
+                dial = dial_addrs(peer, addrs)
                 if dial:
                     with trio.fail_after(self.config.dial_timeout):
                         await self._host.connect(PeerInfo(peer, dial))
@@ -557,7 +446,7 @@ class GossipNode:
     async def _flush(self, timeout: float) -> None:
         """Wait until our outbound queues are empty, then until every peer has read what we sent."""
         with trio.move_on_after(timeout):
-            while not all(_queue_idle(queue) for queue in self._live_queues()):
+            while not all(queue_idle(queue) for queue in self._live_queues()):
                 await trio.sleep(POLL_SECONDS)
             async with trio.open_nursery() as nursery:
                 for peer in list(self._pubsub.peers):
@@ -568,7 +457,7 @@ class GossipNode:
     async def _housekeeping(self) -> None:
         while True:
             await trio.sleep(self.config.heartbeat_interval)
-            _trim_router_state(self._router, self.config.equivocation_cache)
+            trim_router_state(self._router, self.config.equivocation_cache)
 
     async def _keep_dialled(self, addr: str) -> None:
         """Dial a bootstrap peer until connected, backing off exponentially, and again whenever it drops. Failures
