@@ -133,6 +133,21 @@ def run_late_join(tmp_path: Path, topology: str) -> tuple[list[NetNode], NetNode
     return first, joiner
 
 
+def explain(logs: list[dict[int, dict[str, Any]]], r: int) -> str:
+    """Each node's rows around round ``r``: whom it aggregated, waited for in vain, found stale; whether it diverged."""
+
+    def short(value: Any) -> Any:  # peer ids and hashes by their last 6 characters
+        return [short(v) for v in value] if isinstance(value, list) else value[-6:] if isinstance(value, str) else value
+
+    keys = ("global_sha256", "clients", "missing", "stale", "diverged", "seconds")
+    return "\n".join(
+        f"node {i} round {q}: " + ", ".join(f"{k}={short(log[q].get(k))}" for k in keys)
+        for i, log in enumerate(logs)
+        for q in (r - 1, r, r + 1)
+        if q in log
+    )
+
+
 def check_late_joiner(first: list[NetNode], joiner: NetNode) -> None:
     status = json.loads((joiner.state_dir / "status.json").read_text())
     synced = status["federated"]["sync"]["joined_from"]
@@ -157,7 +172,7 @@ def check_late_joiner(first: list[NetNode], joiner: NetNode) -> None:
             f"round {r}: a node applied no global update and did not find out"
         )
         agreed = {row["global_sha256"] for row, h in zip(rows, healed, strict=True) if not h}
-        assert len(agreed) == 1, f"global weights differ after round {r}"
+        assert len(agreed) == 1, f"global weights differ after round {r}:\n{explain(logs, r)}"
     last = [log[common[-1]] for log in logs]
     assert len({row["global_sha256"] for row in last}) == 1 and not any(row["diverged"] for row in last)
     assert not any(reason.startswith("sync_") for reason in status["round_rejections"])

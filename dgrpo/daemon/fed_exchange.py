@@ -52,6 +52,20 @@ def sparse_of(delta: torch.Tensor) -> SparseUpdate:
     return SparseUpdate(flat.numel(), indices, flat[indices].clone())
 
 
+def updates_complete(expected: set[str], have: set[str], awaited: set[str], settled: bool) -> bool:
+    """Whether an aggregating node has the round's updates: every ``expected`` author's is in ``have``; or those
+    still missing are from authors no longer ``awaited`` (departed) and everything received so far has been
+    handled (``settled``). Without that last condition a departure overtakes the update its peer sent just
+    before it: both arrive in order, but on two topics read by separate tasks, and nodes that close the round
+    with different sets of updates hold different global weights (decentralised topology).
+
+    Worked example (``tests/test_fed_membership.py``): expected {a, b, c}, have {a, b}: with c awaited, not
+    complete; with c departed, complete once settled, not before.
+    """
+    missing = expected - have
+    return not missing or (not missing & awaited and settled)
+
+
 class UpdateExchange:
     """Publishes this node's chunks and collects the round's submissions (and, star topology, global updates).
 
@@ -79,15 +93,21 @@ class UpdateExchange:
         self.update_topic = update_topic(run_id)
         self.global_topic = global_topic(run_id)
         self._publish = publish
+        self._settled: Callable[[], bool] = lambda: True  # nothing in flight without a network
         self.submissions: dict[int, dict[str, Submission]] = {}
         self.bases: dict[int, dict[str, bytes]] = {}  # round -> author -> the global weights' hash it trained from
         self.globals: dict[int, ReceivedGlobal] = {}
+        # author -> the newest round it sent a chunk for (signed, validated; kept or not): how far along the
+        # federation is, fresher than heartbeats (a joiner picks its first round from it). The least recently
+        # heard authors are forgotten first beyond limits.max_tracked_peers.
+        self.latest: dict[str, int] = {}
         self.bytes_sent = 0
         self.messages_sent = 0
 
     # ----------------------------------------------------------------- network
     async def start(self, transport: Libp2pTransport, nursery: trio.Nursery) -> None:
         self._publish = transport.publish_signed
+        self._settled = lambda: transport.settled(self.update_topic) and transport.settled(self.global_topic)
         updates = await transport.open_topic(nursery, self.update_topic, "update")
         globals_ = await transport.open_topic(nursery, self.global_topic, "global")
         nursery.start_soon(self._drain, updates)
@@ -132,6 +152,10 @@ class UpdateExchange:
                 await trio.sleep(POLL_SECONDS)
         return ready()
 
+    def settled(self) -> bool:
+        """Whether every update and global chunk received from the network so far has been handled."""
+        return self._settled()
+
     # ----------------------------------------------------------------- receiving
     def handle(self, env: Envelope) -> None:
         """Take one validated envelope of the update or global topic (never raises for hostile input)."""
@@ -139,6 +163,7 @@ class UpdateExchange:
         body = env.body
         if not isinstance(body, UpdateBody | GlobalBody) or author == self.peer_id:
             return
+        self._heard(author, env.round)
         if isinstance(body, GlobalBody) and author != self.aggregator:
             self.reassembler.reject("wrong_aggregator", author)
             return
@@ -152,6 +177,12 @@ class UpdateExchange:
             self.reassembler.reject("bad_update", author)
             return
         self._keep(assembled, update)
+
+    def _heard(self, author: str, round_idx: int) -> None:
+        newest = max(round_idx, self.latest.pop(author, 0))
+        self.latest[author] = newest  # re-inserted: dict order is recency
+        if len(self.latest) > self.reassembler.limits.max_tracked_peers:
+            del self.latest[next(iter(self.latest))]
 
     def _keep(self, assembled: Assembled, update: SparseUpdate) -> None:
         head, r = assembled.head, assembled.round

@@ -35,7 +35,7 @@ import trio
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
 from dgrpo.daemon.daemon import Daemon
-from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of
+from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of, updates_complete
 from dgrpo.daemon.fed_sync import (
     MAX_SOURCES,
     GlobalState,
@@ -257,6 +257,29 @@ class FederatedDaemon(Daemon):
 
         return {p for p in self.transport.peers() if will_send(p) or p in sent}
 
+    def heard_round(self) -> int:
+        """The newest round the live peers sent updates for, by the lower median over them (one peer naming a
+        far-off round cannot move it); 0 when none was heard."""
+        live = self.live_peers()
+        rounds = sorted(r for peer, r in self.exchange.latest.items() if peer in live)
+        return rounds[(len(rounds) - 1) // 2] if rounds else 0
+
+    def awaited(self, round_idx: int) -> set[str]:
+        """Peers whose update for ``round_idx`` is still worth waiting for: the live ones, and those that announced
+        ``stopping`` after sending it while still connected. A peer announces its next round once it finished
+        one, so a stopping peer whose heartbeat names a later round sent its update before; so did one whose
+        chunks of it have started arriving. Without them a node that happened to be slower than its peers to
+        finish the round would close it without that update, unlike the others."""
+        assert self.transport is not None and self.gossip is not None
+        connected = self.gossip.connected_peers() - set(self.gossip.blacklisted())
+        started = self.reassembler.started("update", round_idx)
+        leaving = {
+            p.peer_id
+            for p in self.transport.peer_table()
+            if p.status == "stopping" and p.peer_id in connected and (p.round > round_idx or p.peer_id in started)
+        }
+        return self.live_peers() | leaving
+
     def _setup_client(self) -> FedClient:
         """The client: its partition index and the aggregator are fixed at the first round (and checkpointed)."""
         assert self.transport is not None
@@ -291,6 +314,12 @@ class FederatedDaemon(Daemon):
         s = self.settings.rounds
         resumed_at = self.round
         await self._join()
+        heard = self.heard_round()
+        if self.round > max(resumed_at, 1) and heard >= self.round:
+            # Heartbeats go out at every round start, but one may still be on its way: updates already heard
+            # for the round we meant to join show the federation is further along.
+            log.info("joining at round %d (updates of round %d already heard)", heard + 1, heard)
+            self.round = heard + 1
         if self.round > max(resumed_at, 1):
             if self.topology == "decentralised":
                 # Every node must aggregate the same set of updates, and each decides whom to wait for from the
@@ -300,21 +329,26 @@ class FederatedDaemon(Daemon):
                 log.info("decentralised: starting at round %d", self.round)
             # Keep the updates of the rounds from here on, rather than reject them as future.
             self.exchange.advance(self.round - 1)
+            self._announce.set()  # the round we start at, before the federation reaches it
             if await self._sync(self.round - 1) is None:
                 self._error(
                     f"joining a federation at round {self.round}: no peer served its global weights; "
                     "these may be behind the others'"
                 )
+            self._announce.set()  # the state taken may be of a later round than asked for: start after it
         self.state = "running"
         self.round = max(self.round, 1)
         self.client = self._setup_client()
         while s.max_rounds is None or self.rounds_done < s.max_rounds:
             self._connected_at_start = self.gossip.connected_peers() if self.gossip is not None else set()
+            self._announce.set()  # a heartbeat at every round start: peers and joiners see where we are
             diverged = await self._federated_round(self.client, self.round)
-            if not diverged:  # a diverged node does not hand its weights to joiners
-                await self._serve_snapshot(self.round)
+            # Counted before anything else can be interrupted: a stopping heartbeat names the next round, which
+            # tells the others this one's update went out (``awaited``).
             self.rounds_done += 1
             self.round += 1
+            if not diverged:  # a diverged node does not hand its weights to joiners
+                await self._serve_snapshot(self.round - 1)
             if diverged:
                 await self._resync(self.round - 1)
             self.replay.save(self.replay_path)
@@ -358,9 +392,13 @@ class FederatedDaemon(Daemon):
         diverged = False
         if self.is_aggregator():
             expected = self.expected_peers(r) | {self.peer_id}
-            # A peer that announces ``stopping``, falls silent or disconnects is no longer waited for.
+            # A peer that announces ``stopping`` before sending this round's update, falls silent or disconnects
+            # is no longer waited for (once what it sent before has been handled).
             await ex.wait(
-                lambda: expected & (self.live_peers() | {self.peer_id}) <= set(ex.submissions.get(r, {})), deadline
+                lambda: updates_complete(
+                    expected, set(ex.submissions.get(r, {})), self.awaited(r) | {self.peer_id}, ex.settled()
+                ),
+                deadline,
             )
             received = ex.received(r)
             row["missing"] = sorted(expected - set(received))

@@ -107,6 +107,14 @@ def _check_topic(topic: str) -> None:
         raise GossipError(f"topic must be 1 to {MAX_TOPIC_BYTES} bytes, got {topic!r}")
 
 
+def drained(send: trio.MemorySendChannel[Any]) -> bool:
+    """Whether everything sent on a memory channel has been taken and handled: nothing buffered and the reader
+    parked waiting for more. An empty buffer alone is not enough: trio hands an item straight to a waiting
+    reader, which holds it unhandled until the scheduler runs it (and trio runs ready tasks in no fixed order)."""
+    stats = send.statistics()
+    return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0
+
+
 def _peer_id(peer_id: str) -> ID:
     try:
         peer = ID.from_base58(peer_id)
@@ -263,6 +271,11 @@ class GossipNode:
         self._inboxes[topic] = (send, include_own)
         await self._pubsub.subscribe(topic)
         return receive
+
+    def idle(self, topic: str) -> bool:
+        """Whether every message delivered on ``topic`` so far has been taken by its reader (see :func:`drained`)."""
+        entry = self._inboxes.get(topic)
+        return entry is None or drained(entry[0])
 
     def set_validator(self, topic: str, fn: Validator) -> None:
         """Judge each message others send on ``topic`` before it is delivered or forwarded: a rejected one is

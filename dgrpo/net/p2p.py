@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from dgrpo.net.gossip import OVERSIZE_RPC, GossipMessage, GossipNode
+from dgrpo.net.gossip import OVERSIZE_RPC, GossipMessage, GossipNode, drained
 from dgrpo.net.transport import DROP_REASONS, Transport, TransportStatistics
 from dgrpo.protocol.counting import PeerReasons, merge
 from dgrpo.protocol.envelope import Envelope, HeartbeatBody, Signer, to_rollout
@@ -61,6 +61,7 @@ class Libp2pTransport(Transport):
         self._send, self._receive = trio.open_memory_channel[Rollout](inbound_size)
         self._validated: OrderedDict[bytes, Envelope] = OrderedDict()
         self._peers: dict[str, PeerInfo] = {}
+        self._topic_out: dict[str, trio.MemorySendChannel[Envelope]] = {}  # open_topic's hand-over channels
         self.dropped_inbound = 0
         # gossipsub validators are synchronous; blacklisting (which disconnects) is async, so it is queued.
         self._to_blacklist, self._blacklist_queue = trio.open_memory_channel[str](1024)
@@ -168,8 +169,15 @@ class Libp2pTransport(Transport):
         self.gossip.set_validator(topic, self._validator(kind))
         channel = await self.gossip.subscribe(topic)
         send, receive = trio.open_memory_channel[Envelope](size)
+        self._topic_out[topic] = send
         nursery.start_soon(self._drain_envelopes, channel, send)
         return receive
+
+    def settled(self, topic: str) -> bool:
+        """Whether every message of an :meth:`open_topic` topic delivered so far has been taken by its reader
+        (both hand-overs drained): what a peer sent before it left has been handled."""
+        out = self._topic_out.get(topic)
+        return self.gossip.idle(topic) and (out is None or drained(out))
 
     async def _drain_envelopes(
         self, channel: trio.MemoryReceiveChannel[GossipMessage], send: trio.MemorySendChannel[Envelope]

@@ -208,6 +208,12 @@ class Reassembler:
                 self._drop(key)
             self._done = {k for k in self._done if k[2] >= round_idx}
 
+    def started(self, kind: str, round_idx: int) -> set[str]:
+        """Authors of which some chunk of ``kind`` for ``round_idx`` has been kept (complete or not)."""
+        with self._lock:
+            keys = [*self._partial, *self._done]
+        return {author for k, author, r in keys if k == kind and r == round_idx}
+
     def reject(self, reason: str, author: str) -> None:
         """Count a rejection decided outside (the daemon: ``wrong_aggregator``, ``bad_update``)."""
         with self._lock:
