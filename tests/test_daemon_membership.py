@@ -26,11 +26,16 @@ class TableTransport:
 
 
 class Connections:
-    def __init__(self, peers: set[str]) -> None:
-        self.peers = peers
+    """The gossip layer's view: who is connected, who is blacklisted."""
+
+    def __init__(self, peers: set[str], blacklisted: frozenset[str] = frozenset()) -> None:
+        self.peers, self.banned = peers, blacklisted
 
     def connected_peers(self) -> set[str]:
         return set(self.peers)
+
+    def blacklisted(self) -> list[str]:
+        return sorted(self.banned)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from dgrpo.protocol.envelope import decode
 from dgrpo.protocol.identity import Identity
 from dgrpo.protocol.limits import Limits
 from dgrpo.protocol.update_bodies import UpdateBody
+from tests.test_daemon_membership import Connections, TableTransport
 from tests.test_federated_wire import ALICE, BOB, CAROL, RUN, SIZE, an_update, signer, update_messages
 
 
@@ -69,28 +70,6 @@ def test_drained_means_taken_and_handled_not_only_an_empty_buffer() -> None:
     trio.run(main)
 
 
-class Table:
-    def __init__(self, table: list[PeerInfo]) -> None:
-        self.table = table
-
-    def peers(self) -> set[str]:
-        return {p.peer_id for p in self.table if p.status != "stopping"}
-
-    def peer_table(self) -> list[PeerInfo]:
-        return self.table
-
-
-class Connections:
-    def __init__(self, peers: set[str], blacklisted: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        self.peers, self.banned = peers, blacklisted
-
-    def connected_peers(self) -> set[str]:
-        return set(self.peers)
-
-    def blacklisted(self) -> list[str]:
-        return sorted(self.banned)
-
-
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> FederatedDaemon:
     state = tmp_path_factory.mktemp("fed")
@@ -115,8 +94,8 @@ def test_a_stopping_peer_is_awaited_only_for_an_update_it_already_sent(daemon: F
         PeerInfo("banned", 11, 10, "stopping", 0.0),
     ]
     names = {p.peer_id for p in table}
-    daemon.transport = Table(table)  # type: ignore[assignment]
-    daemon.gossip = Connections(names - {"gone"}, blacklisted={"banned"})  # type: ignore[assignment]
+    daemon.transport = TableTransport(table)  # type: ignore[assignment]
+    daemon.gossip = Connections(names - {"gone"}, blacklisted=frozenset({"banned"}))  # type: ignore[assignment]
     daemon._connected_at_start = names
     daemon.reassembler = Reassembler()
     daemon.reassembler.advance(10)
@@ -133,7 +112,7 @@ def test_the_round_waits_for_a_peer_that_left_after_sending_until_its_update_is_
     """The race of the failed CI run, replayed in order: the peer's update is still queued when its ``stopping``
     heartbeat is seen; the round closes with the update, not without it."""
     table = [PeerInfo("me-too", 10, 9, "running", 0.0), PeerInfo("leaver", 11, 10, "stopping", 0.0)]
-    daemon.transport = Table(table)  # type: ignore[assignment]
+    daemon.transport = TableTransport(table)  # type: ignore[assignment]
     conns = Connections({"me-too", "leaver"})
     daemon.gossip = conns  # type: ignore[assignment]
     daemon._connected_at_start = {"me-too", "leaver"}
@@ -164,7 +143,7 @@ def test_the_exchange_remembers_how_far_each_author_is_even_from_chunks_it_refus
 
 def test_a_joiner_takes_the_round_live_peers_sent_updates_for_by_their_lower_median(daemon: FederatedDaemon) -> None:
     table = [PeerInfo(name, 5, 4, "running", 0.0) for name in ("a", "b", "c")]
-    daemon.transport = Table(table)  # type: ignore[assignment]
+    daemon.transport = TableTransport(table)  # type: ignore[assignment]
     daemon.gossip = Connections({"a", "b", "c"})  # type: ignore[assignment]
     daemon._connected_at_start = {"a", "b", "c"}
     daemon.exchange.latest = {"a": 7, "b": 8, "c": 1_000_000, "gone": 50}  # c names a far-off round
