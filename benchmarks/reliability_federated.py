@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dgrpo.daemon.testnet import (
+    SMALL_FEDERATION,
     NetNode,
     launch_node,
     node_identity,
@@ -42,17 +43,7 @@ from dgrpo.daemon.testnet import (
     wait_rounds,
 )
 
-FED = [
-    "federated.topology='decentralised'",
-    "federated.local_steps=1",
-    "federated.prompts_per_step=4",
-    "federated.completions_per_prompt=4",
-    "federated.partition='iid'",
-    "federated.prompts_per_client=16",
-    "rounds.deadline_seconds=30",
-    "rounds.peer_timeout_seconds=6",
-    "checkpoint.every=1",
-]
+FED = ["federated.topology='decentralised'", *SMALL_FEDERATION]  # as tests/test_integration_federated.py
 
 
 def progress(message: str) -> None:

@@ -11,6 +11,7 @@ import torch
 
 from dgrpo.daemon.checkpoint import CheckpointManager
 from dgrpo.daemon.testnet import (
+    SMALL_FEDERATION,
     NetNode,
     launch_node,
     node_identity,
@@ -24,16 +25,6 @@ from dgrpo.federated.params import digest
 pytestmark = pytest.mark.slow  # real processes: not in the fast tier
 
 ROUNDS = 3
-SMALL = [
-    "federated.local_steps=1",
-    "federated.prompts_per_step=4",
-    "federated.completions_per_prompt=4",
-    "federated.partition='iid'",
-    "federated.prompts_per_client=16",
-    "rounds.deadline_seconds=30",
-    "rounds.peer_timeout_seconds=6",
-    "checkpoint.every=1",
-]
 
 
 def rounds_log(node: NetNode) -> list[dict[str, Any]]:
@@ -42,9 +33,8 @@ def rounds_log(node: NetNode) -> list[dict[str, Any]]:
 
 
 def run_federation(tmp_path: Path, topology: str, extra: list[str]) -> list[NetNode]:
-    nodes = start_testnet(
-        3, tmp_path, rounds=ROUNDS, mode="federated", extra=[f"federated.topology='{topology}'", *SMALL, *extra]
-    )
+    extra = [f"federated.topology='{topology}'", *SMALL_FEDERATION, *extra]
+    nodes = start_testnet(3, tmp_path, rounds=ROUNDS, mode="federated", extra=extra)
     try:
         assert wait_rounds(nodes, ROUNDS, lambda statuses: None, timeout=150)
         statuses = [nd.status() for nd in nodes]
@@ -111,7 +101,7 @@ def run_late_join(tmp_path: Path, topology: str) -> tuple[list[NetNode], NetNode
     """Two daemons complete rounds; a third (client 2 of 3) joins, syncs the global state and trains one round."""
     extra = [
         f"federated.topology='{topology}'",
-        *SMALL,
+        *SMALL_FEDERATION,
         f"federation.aggregator='{node_identity(tmp_path / 'node-0').peer_id}'",
     ]
     first: list[NetNode] = []
@@ -200,7 +190,7 @@ def test_a_node_that_diverged_takes_the_federations_weights_over(tmp_path: Path,
     out (decentralised: most updates name another base; star: the global update does) and takes the state
     of round 1 over from its peers; from round 2 all agree."""
     extra = [
-        f"federated.topology='{topology}'", *SMALL, "model.lora={r=4}",
+        f"federated.topology='{topology}'", *SMALL_FEDERATION, "model.lora={r=4}",
         f"federation.aggregator='{node_identity(tmp_path / 'node-0').peer_id}'",
     ]  # fmt: skip
     nodes: list[NetNode] = []

@@ -29,6 +29,18 @@ from dgrpo.errors import ConfigError, DgrpoError
 from dgrpo.protocol.identity import Identity
 
 EMBEDDED_MODELS = ["dgrpo:tiny-arith", "dgrpo:tiny-arith-llama"]
+# A federation small enough to run rounds of about a second on a 2-core CPU (the federated integration tests and
+# benchmarks/reliability_federated.py): one local step on 4 prompts x 4 completions from 16 prompts per client.
+SMALL_FEDERATION = [
+    "federated.local_steps=1",
+    "federated.prompts_per_step=4",
+    "federated.completions_per_prompt=4",
+    "federated.partition='iid'",
+    "federated.prompts_per_client=16",
+    "rounds.deadline_seconds=30",
+    "rounds.peer_timeout_seconds=6",
+    "checkpoint.every=1",
+]
 
 
 @dataclass
