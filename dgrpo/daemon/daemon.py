@@ -17,6 +17,7 @@ import logging
 import signal
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,12 @@ from dgrpo.round.run import run_round
 from dgrpo.tasks import get_task
 
 log = logging.getLogger("dgrpo.daemon")
+
+
+def lower_median(rounds: Iterable[int]) -> int:
+    """The lower median of peers' rounds (one peer naming a far-off round cannot move it); 0 for none."""
+    ordered = sorted(rounds)
+    return ordered[(len(ordered) - 1) // 2] if ordered else 0
 
 
 class Daemon:
@@ -393,15 +400,13 @@ class Daemon:
         return {p for p in self.live_peers() if expected(p)}
 
     def network_round(self) -> int:
-        """The round the network is in: the lower median of the live, running peers' progress (one peer
-        announcing a far-off round cannot move it), 0 when none has completed a round."""
+        """The round the network is in: the lower median of the live, running peers' progress (0: none ran one)."""
         assert self.transport is not None
         table = {p.peer_id: p for p in self.transport.peer_table()}
         live = self.live_peers()
-        rounds = sorted(
+        return lower_median(
             self.progress(p) for p in live if p in table and table[p].status == "running" and table[p].rounds_done
         )
-        return rounds[(len(rounds) - 1) // 2] if rounds else 0
 
     def _catch_up(self) -> None:
         """A node that fell behind (frozen, suspended, partitioned) rejoins at the round after the network's

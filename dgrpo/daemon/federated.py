@@ -34,7 +34,7 @@ import trio
 
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
-from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.daemon import Daemon, lower_median
 from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of, updates_complete
 from dgrpo.daemon.fed_sync import (
     MAX_SOURCES,
@@ -258,11 +258,9 @@ class FederatedDaemon(Daemon):
         return {p for p in self.transport.peers() if will_send(p) or p in sent}
 
     def heard_round(self) -> int:
-        """The newest round the live peers sent updates for, by the lower median over them (one peer naming a
-        far-off round cannot move it); 0 when none was heard."""
+        """The newest round the live peers sent updates for, by the lower median over them; 0 if none was heard."""
         live = self.live_peers()
-        rounds = sorted(r for peer, r in self.exchange.latest.items() if peer in live)
-        return rounds[(len(rounds) - 1) // 2] if rounds else 0
+        return lower_median(r for peer, r in self.exchange.latest.items() if peer in live)
 
     def awaited(self, round_idx: int) -> set[str]:
         """Peers whose update for ``round_idx`` is still worth waiting for: the live ones, and those that announced
@@ -335,22 +333,23 @@ class FederatedDaemon(Daemon):
                     f"joining a federation at round {self.round}: no peer served its global weights; "
                     "these may be behind the others'"
                 )
-            self._announce.set()  # the state taken may be of a later round than asked for: start after it
         self.state = "running"
         self.round = max(self.round, 1)
         self.client = self._setup_client()
         while s.max_rounds is None or self.rounds_done < s.max_rounds:
             self._connected_at_start = self.gossip.connected_peers() if self.gossip is not None else set()
-            self._announce.set()  # a heartbeat at every round start: peers and joiners see where we are
+            # A heartbeat at every round start: peers and joiners see where we are (after a join, the round after
+            # the state taken, which may be later than the one announced before the sync).
+            self._announce.set()
             diverged = await self._federated_round(self.client, self.round)
             # Counted before anything else can be interrupted: a stopping heartbeat names the next round, which
             # tells the others this one's update went out (``awaited``).
             self.rounds_done += 1
             self.round += 1
-            if not diverged:  # a diverged node does not hand its weights to joiners
-                await self._serve_snapshot(self.round - 1)
-            if diverged:
+            if diverged:  # it does not hand its weights to joiners, it takes the federation's over
                 await self._resync(self.round - 1)
+            else:
+                await self._serve_snapshot(self.round - 1)
             self.replay.save(self.replay_path)
             if self.rounds_done % self.settings.checkpoint.every == 0:
                 await trio.to_thread.run_sync(self.save_checkpoint)
