@@ -16,9 +16,9 @@ import pytest
 from dgrpo.errors import ConfigError
 from dgrpo.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError
 from dgrpo.sandbox import sandbox as sandbox_module
-from dgrpo.sandbox.batch import run_batch
+from dgrpo.sandbox.batch import FunctionJob, run_batch
+from dgrpo.sandbox.confine import audit_hook
 from dgrpo.sandbox.launch import DirectLauncher
-from dgrpo.sandbox.program import audit_hook
 
 FAST = SandboxLimits(cpu_seconds=1.0, wall_seconds=2.0)
 
@@ -73,14 +73,15 @@ def test_failing_program_is_not_ok_and_reports_its_traceback(sandbox: Sandbox) -
     assert 'File "solution.py"' in result.stderr
 
 
-def test_sys_exit_codes_are_kept_but_an_early_exit_never_completes(sandbox: Sandbox) -> None:
-    assert sandbox.run("import sys\nsys.exit(3)").returncode == 3
-    early = sandbox.run("import sys\nsys.exit(0)")
-    assert early.returncode == 0
-    assert not early.completed
-    assert not early.ok
+def test_sys_exit_codes_are_kept_and_a_clean_early_exit_is_a_clean_end(sandbox: Sandbox) -> None:
+    # A program job is judged by what it printed and its exit status, both observed by the keeper: an early
+    # exit(0) is a clean end (nothing the program holds could say otherwise), any other status a failure.
+    failed = sandbox.run("import sys\nsys.exit(3)")
+    assert (failed.returncode, failed.ok) == (3, False)
+    early = sandbox.run("import sys\nprint(1)\nsys.exit(0)\nprint(2)")
+    assert (early.returncode, early.ok, early.stdout) == (0, True, "1\n")
     assert not sandbox.run("import sys\nsys.exit('message')").ok
-    assert sandbox.run("x = 1").completed
+    assert sandbox.run("x = 1").ok
 
 
 def test_syntax_error_is_a_verdict(sandbox: Sandbox) -> None:
@@ -363,22 +364,38 @@ def test_the_weak_sandbox_needs_the_flag_and_says_so_loudly(caplog: pytest.LogCa
     assert any("UNSAFE" in r.getMessage() for r in caplog.records)
     assert not task.sandbox.isolated  # type: ignore[attr-defined]
     prompt = make_prompt("sum", 345, 78)
-    completions = ["print(345+78)", "print(1)", "import sys; print(423); sys.exit(0)"]
+    completions = ["print(345+78)", "print(1)", "import sys; print(423); sys.exit(1)"]
     assert task.rewards(prompt, completions) == [1.0, 0.0, 0.0]
 
 
-def test_the_weak_direct_runner_still_applies_limits_and_the_completion_secret() -> None:
+# A child interpreter (no audit hook) tries an AF_INET socket: only the seccomp filter, which a child
+# inherits, refuses it where no network namespace could be made.
+INET_FROM_A_CHILD = (
+    "import subprocess, sys\n"
+    'code = \'import socket\\ntry:\\n    socket.socket(socket.AF_INET)\\n    print("made")\\n'
+    'except OSError as e:\\n    print("refused", e.errno)\'\n'
+    "print(subprocess.run([sys.executable, '-S', '-c', code], capture_output=True, text=True).stdout.strip())"
+)
+
+
+def test_the_weak_direct_runner_still_applies_limits_seccomp_and_function_jobs() -> None:
     limits = SandboxLimits(cpu_seconds=1.0, wall_seconds=2.0)
+    tests = "def check(candidate):\n    assert candidate(2) == 3\n"
     jobs = [
         ("print(6 * 7)", ""),
-        ("import sys; sys.exit(0)", ""),
+        ("import sys; sys.exit(1)", ""),
         ("import time; time.sleep(30)", ""),
         ("x = bytearray(10 * 1024**3)", ""),
+        FunctionJob("def f(x):\n    return x + 1\n", tests, "f"),
+        FunctionJob("def f(x):\n    class A:\n        __eq__ = lambda s, o: True\n    return A()\n", tests, "f"),
     ]
     results, mechanisms = run_batch(DirectLauncher(), limits, [], jobs)
-    assert [r.ok for r in results] == [True, False, False, False]
+    assert [r.ok for r in results] == [True, False, False, False, True, False]
     assert results[0].stdout == "42\n"
-    assert not results[1].completed
     assert results[2].limit == "wall"
     assert results[3].limit == "memory"
     assert mechanisms["no_new_privs"] is True
+    assert mechanisms["seccomp"] is True
+    [inet], _ = run_batch(DirectLauncher(), limits, [], [(INET_FROM_A_CHILD, "")])
+    if mechanisms["net_namespace"]:  # as root: the audit hook lets the child run; seccomp still refuses
+        assert inet.stdout.strip() == f"refused {1}", inet

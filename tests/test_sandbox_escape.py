@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from dgrpo.sandbox import SANDBOX_SITE, SandboxLimits
-from dgrpo.sandbox import program as sandbox_program
-from dgrpo.sandbox import runner as sandbox_runner
+from dgrpo.sandbox.launch import HARNESS, HERE
 from dgrpo.tasks.arith_code import ArithCodeTask, make_prompt
 from dgrpo.tasks.base import Prompt
 
@@ -274,7 +273,7 @@ def _digest(paths: list[Path]) -> str:
 def test_nothing_a_run_writes_survives_it(task: ArithCodeTask, monkeypatch: pytest.MonkeyPatch) -> None:
     import sysconfig
 
-    harness = [Path(sandbox_runner.__file__), Path(sandbox_program.__file__)]
+    harness = [HERE / name for name in HARNESS]
     site_packages = Path(sysconfig.get_paths()["purelib"])
     guarded = [SANDBOX_SITE, *harness]
     before = _digest(guarded)
@@ -336,15 +335,29 @@ except ImportError:
         "raise SystemExit",
         "raise SystemExit(0)",
         "import os; os._exit(0)",
-        "import atexit, os; atexit.register(os._exit, 0); raise ValueError",
         "import sys; sys.stdout.flush(); sys.exit()",
     ],
 )
-def test_exiting_early_never_scores(task: ArithCodeTask, tail: str) -> None:
-    # The answer is printed, then the program leaves before its end: the harness never writes the run's
-    # secret, so the run is not complete whatever its exit status.
-    assert reward(task, f"print({ANSWER}, flush=True)\n{tail}\nprint('unreachable')") == 0.0
-    assert reward(task, f"print({ANSWER})") == 1.0  # the same answer, run to its end
+def test_a_stdout_program_that_exits_cleanly_after_printing_the_answer_is_correct(
+    task: ArithCodeTask, tail: str
+) -> None:
+    # A stdout task's answer is what the program printed (issue 22): leaving early with status 0 after
+    # printing it is a correct program.
+    assert reward(task, f"print({ANSWER}, flush=True)\n{tail}\nprint('unreachable')") == 1.0
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        f"import os\nprint({ANSWER})\nos._exit(0)",  # never flushed: nothing was printed
+        f"import sys\nprint({ANSWER}, flush=True)\nsys.exit(1)",
+        f"import sys\nprint({ANSWER}, flush=True)\nsys.exit('done')",
+        f"print({ANSWER}, flush=True)\nraise ValueError",
+        f"import atexit, os\nprint({ANSWER}, flush=True)\natexit.register(os._exit, 3)",
+    ],
+)
+def test_a_stdout_program_that_prints_nothing_or_fails_scores_zero(task: ArithCodeTask, program: str) -> None:
+    assert reward(task, program) == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -368,15 +381,6 @@ def test_a_humaneval_body_that_exits_early_fails_the_tests(humaneval, body: str)
     prompt = humaneval.train_prompt(0)
     assert humaneval.reward(prompt, body) == 0.0
     assert humaneval.reward(prompt, prompt.answer) == 1.0  # the canonical solution passes
-
-
-def test_a_forged_completion_line_does_not_pass(task: ArithCodeTask) -> None:
-    # Whatever a program prints, the secret is written on a channel it does not hold, after it ended.
-    program = (
-        f"import os\nprint({ANSWER}, flush=True)\n"
-        "os.write(3, b'setup x=1\\n' + os.urandom(16).hex().encode())\nos._exit(0)"
-    )
-    assert reward(task, program) == 0.0
 
 
 def test_programs_run_as_an_unprivileged_user(task: ArithCodeTask) -> None:

@@ -13,7 +13,7 @@ from dgrpo.sandbox import SandboxLimits
 from dgrpo.tasks import get_task
 from dgrpo.tasks.arith_code import ArithCodeTask, reference_program
 from dgrpo.tasks.base import Prompt, Task
-from dgrpo.tasks.code import MAX_PROGRAM_CHARS, extract_program, humaneval_program, output_matches
+from dgrpo.tasks.code import MAX_PROGRAM_CHARS, extract_program, humaneval_job, output_matches
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_humaneval_restated_signature_and_garbage(humaneval: Task) -> None:
     assert humaneval.reward(prompt, restated) == 1.0
     assert humaneval.reward(prompt, "") == 0.0
     assert humaneval.reward(prompt, "\x00" * 10) == 0.0
-    assert humaneval_program(prompt, "    return (\n") is None  # not Python: never reaches the sandbox
+    assert humaneval_job(prompt, "    return (\n") is None  # not Python: never reaches the sandbox
 
 
 def test_humaneval_infinite_loop_scores_zero() -> None:

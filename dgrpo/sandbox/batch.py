@@ -1,9 +1,14 @@
-"""One batch: start the runner, hand it the programs, collect one record per program, turn records into
-results. Whatever goes wrong (the sandbox fails to start, the runner dies, the batch overruns), every program
-gets a result; a program without a trustworthy record fails."""
+"""One batch: start the runner, hand it the jobs, collect one record per job, turn records into results.
+Whatever goes wrong (the sandbox fails to start, the runner dies, the batch overruns), every job gets a
+result; a job without a trustworthy record fails.
+
+Two kinds of job: a program (``(source, stdin)``: its result is what it printed and how it exited) and a
+:class:`FunctionJob` (an untrusted solution called by trusted tests across a process boundary: its result is
+the tests' verdict). :mod:`dgrpo.sandbox.runner` says who runs what and what decides a result."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import logging
@@ -16,34 +21,83 @@ import signal
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dgrpo.errors import ConfigError
 from dgrpo.sandbox.cgroup import PidsCgroup
+from dgrpo.sandbox.confine import EXIT_CPU, EXIT_MEMORY, EXIT_PROCESSES, EXIT_SETUP
+from dgrpo.sandbox.frames import FRAME
 from dgrpo.sandbox.launch import Launcher, Started
 from dgrpo.sandbox.limits import SandboxLimits, SandboxResult
-from dgrpo.sandbox.program import EXIT_CPU, EXIT_MEMORY, EXIT_PROCESSES, EXIT_SETUP
-from dgrpo.sandbox.runner import FRAME
 
 log = logging.getLogger(__name__)
 
-Job = tuple[str, str]  # (source, stdin)
+Job = tuple[str, str]  # a program job: (source, stdin)
+
+
+@dataclass(frozen=True)
+class FunctionJob:
+    """An untrusted ``solution`` (a module defining ``entry_point``) and trusted ``tests`` (a module defining
+    ``check(candidate)``): ``check`` runs in a process of its own and calls the solution's function in
+    another, arguments and results crossing as plain data (:mod:`dgrpo.sandbox.function`). The result is
+    ``ok`` only when ``check`` returned."""
+
+    solution: str
+    tests: str
+    entry_point: str
+    preload: tuple[str, ...] = ()  # standard library modules the tests import (see :func:`trusted_imports`)
+
+    def __post_init__(self) -> None:
+        if not self.entry_point.isidentifier():
+            raise ConfigError(f"a function job's entry point must be an identifier, got {self.entry_point!r}")
+
+
+def trusted_imports(source: str) -> tuple[str, ...]:
+    """The top-level names of the modules ``source`` imports (trusted source only: the fork server imports
+    them once per batch, before it forks any job, so that each job's two interpreters do not both pay for,
+    say, ``typing``). Each job still gets fresh copies (fork); nothing of one job reaches another."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return tuple(sorted(n for n in names if n.isidentifier()))
+
+
+AnyJob = Job | FunctionJob
+FUNCTION_EXTRA_PIDS = 1  # a function job's second process (the tests')
 START_SECONDS = 30.0  # allowance for the sandbox's start-up within the batch's deadline
 PER_PROGRAM_SLACK = 1.0  # the keeper's own work per program, beyond the wall limit
 MAX_RECORD = 16 << 20
 
 
+def _wire(job: AnyJob) -> tuple[str, ...]:
+    """A job as the runner reads it (``marshal``: plain tuples of text)."""
+    if isinstance(job, FunctionJob):
+        return ("function", _clean(job.solution), _clean(job.tests), job.entry_point)
+    source, stdin = job
+    return ("program", _clean(source), _clean(stdin))
+
+
 def run_batch(
-    launcher: Launcher, limits: SandboxLimits, extra_paths: Sequence[Path], jobs: Sequence[Job]
+    launcher: Launcher, limits: SandboxLimits, extra_paths: Sequence[Path], jobs: Sequence[AnyJob]
 ) -> tuple[list[SandboxResult], dict[str, bool]]:
     """Run ``jobs`` one after another in one sandbox. Returns their results, in order, and the mechanisms the
-    sandbox reported (empty when no program got as far as its setup)."""
+    sandbox reported (empty when no job got as far as its setup)."""
     if not jobs:
         return [], {}
     started_at = time.monotonic()
     records: dict[int, dict[str, Any]] = {}
     failure = ""
-    cgroup = PidsCgroup.create(limits.max_processes + launcher.overhead_pids)
+    extra = FUNCTION_EXTRA_PIDS if any(isinstance(j, FunctionJob) for j in jobs) else 0
+    cgroup = PidsCgroup.create(limits.max_processes + launcher.overhead_pids + extra)
     with tempfile.TemporaryFile() as stderr:
         started: Started | None = None
         try:
@@ -53,7 +107,8 @@ def run_batch(
                 "limits": {**limits.__dict__},
                 "nproc_base": launcher.nproc_base,
                 "pids_cgroup": cgroup is not None,
-                "programs": [(_clean(source), _clean(stdin)) for source, stdin in jobs],
+                "jobs": [_wire(job) for job in jobs],
+                "preload": sorted({name for job in jobs if isinstance(job, FunctionJob) for name in job.preload}),
             }
             _send(started, marshal.dumps(config))
             deadline = START_SECONDS + len(jobs) * (limits.wall_seconds + PER_PROGRAM_SLACK)
@@ -137,6 +192,8 @@ def _finish(started: Started) -> None:
 
 
 def _result(limits: SandboxLimits, record: dict[str, Any] | None, failure: str, batch_wall: float) -> SandboxResult:
+    """A job's result from its keeper's record. ``ok`` needs exit 0, no limit, a confirmed setup, and for a
+    function job the tests' process's verdict; nothing else the record says can make a job pass."""
     if record is None:
         if "deadline" in failure:
             return SandboxResult(False, -signal.SIGKILL, "", failure, True, "wall", batch_wall)
@@ -149,13 +206,17 @@ def _result(limits: SandboxLimits, record: dict[str, Any] | None, failure: str, 
     timed_out = bool(record["timed_out"])
     output_bytes = max(int(record["stdout_size"]), int(record["stderr_size"]))
     limit = classify(limits, returncode, timed_out, float(record["cpu"]), int(record["events"]), output_bytes)
+    function = record.get("kind") == "function"
+    if limit is None and function and record["candidate_exit"] is not None:
+        # The candidate ended by itself: a limit it hit names the failure (one it ends in after answering
+        # every call fails the job too: a limit only ever turns a result into a failure).
+        limit = classify(limits, int(record["candidate_exit"]), False, float(record["candidate_cpu"]), 0, 0)
     if limit is None and not record["setup"]:
-        limit = "setup"  # the program process never confirmed its confinement: nothing it did counts
-    completed = bool(record["completed"])
+        limit = "setup"  # a process never confirmed its confinement: nothing it did counts
     stdout = str(record["stdout"]).encode("latin-1").decode("utf-8", errors="replace")
     stderr = str(record["stderr"]).encode("latin-1").decode("utf-8", errors="replace")
-    ok = returncode == 0 and completed and limit is None
-    return SandboxResult(ok, returncode, stdout, stderr, timed_out, limit, wall, completed)
+    ok = returncode == 0 and limit is None and (bool(record["passed"]) if function else True)
+    return SandboxResult(ok, returncode, stdout, stderr, timed_out, limit, wall)
 
 
 def classify(

@@ -14,7 +14,9 @@ root):
   another per program), an empty environment but for the variables below;
 - ``--die-with-parent`` and ``--new-session``; the runner keeps CAP_SYS_ADMIN and CAP_SETPCAP inside the
   user namespace only, to give each program namespaces of its own and to drop every capability before it
-  runs a program.
+  runs a program;
+- ``--seccomp``: the sandbox's seccomp filter (:mod:`dgrpo.sandbox.seccomp`) on everything bwrap starts;
+  each program process stacks the stricter program filter on it before it runs any code it was given.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from dgrpo.sandbox.interpreter import Interpreter
 
 INNER = "/run/dgrpo"  # the runner, the site folders and the pids cgroup, inside the sandbox
 RUNNER = f"{INNER}/runner.py"
-PROGRAM = f"{INNER}/program.py"
 SITE = f"{INNER}/site"
 PIDS = f"{INNER}/pids"
 MIN_BWRAP = (0, 8, 0)  # --disable-userns
@@ -93,18 +94,20 @@ def mounts_for(interp: Interpreter) -> list[str]:
 def command(
     bwrap: str,
     interp: Interpreter,
-    runner_fd: int,
-    program_fd: int,
+    harness: Sequence[tuple[int, str]],
     site_files: Sequence[tuple[int, str]],
+    seccomp_fd: int,
     pids_dir: str | None,
     info_fd: int,
     block_fd: int,
 ) -> list[str]:
     """The full argv: bwrap's options, then the interpreter running the runner.
 
-    ``runner_fd``/``program_fd``: the two files of the runner; ``site_files``: (fd, path inside) of each file
-    copied in; ``info_fd``: where bwrap writes the sandbox's host pid; ``block_fd``: bwrap waits for one byte
-    there before it starts anything, so that the parent can first place the sandbox in its pids cgroup.
+    ``harness``: (fd, path inside) of the runner's files; ``site_files``: likewise for each site file;
+    ``seccomp_fd``: the sandbox's seccomp filter (raw BPF, :func:`dgrpo.sandbox.seccomp.sandbox_filter`),
+    applied by bwrap to what it starts; ``info_fd``: where bwrap writes the sandbox's host pid; ``block_fd``:
+    bwrap waits for one byte there before it starts anything, so that the parent can first place the sandbox
+    in its pids cgroup.
     """
     args = [
         bwrap,
@@ -137,14 +140,10 @@ def command(
         "/dev",
         "--dir",
         "/tmp",
-        "--ro-bind-data",
-        str(runner_fd),
-        RUNNER,
-        "--ro-bind-data",
-        str(program_fd),
-        PROGRAM,
+        "--seccomp",
+        str(seccomp_fd),
     ]
-    for fd, inner in site_files:
+    for fd, inner in (*harness, *site_files):
         args += ["--ro-bind-data", str(fd), inner]
     if pids_dir:
         args += ["--ro-bind", pids_dir, PIDS]

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from dgrpo.sandbox import bwrap
+from dgrpo.sandbox import bwrap, seccomp
 from dgrpo.sandbox.cgroup import PidsCgroup
 from dgrpo.sandbox.interpreter import Interpreter
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "runner.py"
-PROGRAM = HERE / "program.py"  # imported by the runner from its own folder
+# The runner and what it imports from its own folder (standard library only), copied into every sandbox.
+HARNESS = ("runner.py", "confine.py", "frames.py", "function.py", "plain.py", "program.py")
 PYTHON_FLAGS = ("-S", "-s", "-P", "-B")
 INFO_TIMEOUT = 30.0  # bwrap reports the sandbox's pid within milliseconds; a stuck start-up is a failure
 MAX_SITE_BYTES = 4 << 20  # the site folders are copied into every sandbox
@@ -112,17 +113,19 @@ class BwrapLauncher(Launcher):
 
     def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes]) -> Started:
         files = site_files(extra_paths)
-        data_fds = [_memfd("runner", RUNNER.read_bytes()), _memfd("program", PROGRAM.read_bytes())]
-        data_fds += [_memfd("site", d) for d, _ in files]
+        harness = [(_memfd(name, (HERE / name).read_bytes()), f"{bwrap.INNER}/{name}") for name in HARNESS]
+        site = [(_memfd("site", d), inner) for d, inner in files]
+        filter_fd = _memfd("seccomp", seccomp.sandbox_filter())
+        data_fds = [fd for fd, _ in (*harness, *site)] + [filter_fd]
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe()
         records_r, records_w = os.pipe()
         argv = bwrap.command(
             self.bwrap_path,
             self.interpreter,
-            data_fds[0],
-            data_fds[1],
-            [(fd, inner) for fd, (_, inner) in zip(data_fds[2:], files, strict=True)],
+            harness,
+            site,
+            filter_fd,
             str(cgroup.path) if cgroup else None,
             info_w,
             block_r,
@@ -167,6 +170,7 @@ class BwrapLauncher(Launcher):
             "mode": "bwrap",
             "paths": [f"{bwrap.SITE}/{i}" for i in range(len(extra_paths))],
             "pids_events": f"{bwrap.PIDS}/pids.events" if cgroup else "",
+            "seccomp": seccomp.program_filter(),
         }
         return Started(
             proc,
@@ -179,6 +183,7 @@ class BwrapLauncher(Launcher):
             "isolation": "bwrap",
             "bwrap": self.bwrap_path,
             "bwrap_version": ".".join(map(str, bwrap.bwrap_version(self.bwrap_path) or ())),
+            "sandbox_seccomp": True,
             "python": self.interpreter.executable,
             "sandbox_uid": self.uid if self.uid is not None else os.getuid(),
             "user_namespace": True,
@@ -226,6 +231,7 @@ class DirectLauncher(Launcher):
             "paths": [str(p) for p in extra_paths],
             "pids_events": str(cgroup.events) if cgroup else "",
             "workdir": str(workdir),
+            "seccomp": seccomp.program_filter() if seccomp.available() is None else b"",
         }
         return Started(proc, records_r, config, cleanup=[workdir])
 

