@@ -14,8 +14,13 @@ printed and how it exited. Each attack must score 0 on every prompt; the honest 
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+
 import pytest
 
+from dgrpo.sandbox import FunctionJob
 from dgrpo.tasks.arith_code import ArithCodeTask, make_prompt
 from dgrpo.tasks.base import Prompt
 from dgrpo.tasks.code import HumanEvalTask
@@ -219,3 +224,154 @@ def test_no_stdout_program_forges_a_pass(arith: ArithCodeTask, attack: str) -> N
 def test_the_stdout_answer_is_what_the_program_printed(arith: ArithCodeTask) -> None:
     assert arith.reward(ARITH_PROMPT, f"print({ANSWER})") == 1.0
     assert arith.reward(ARITH_PROMPT, f"import os\nos.write(1, b'{ANSWER}\\n')\nos._exit(0)") == 1.0
+
+
+# ---------------------------------------------------------------------------------------------- memory
+# No process of a job may hold another job's program, nor a candidate the tests it is called by: a program
+# could copy an honest peer's solution from the same batch, a candidate answer from the tests' own literals.
+# Checked twice. From inside, the route a program has without an interpreter bug: every object reachable
+# from its frames and modules (its /proc/self/mem is closed to it: it is not dumpable, and ctypes is refused).
+# From outside, as root: the raw memory of every process of the sandbox, freed memory included. A marker is
+# searched for as two halves that are never joined in the searcher's memory; a control marker in the
+# searcher's own program shows that the search sees what a process holds.
+GRAPH_SCAN = """
+import sys, types
+def scan(halves):
+    keep, seen, texts = [], set(), []
+    stack = list(sys.modules.values())
+    frame = sys._getframe()
+    while frame is not None:
+        stack += [frame.f_locals, frame.f_globals]
+        frame = frame.f_back
+    while stack and len(seen) < 3_000_000:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        keep.append(obj)
+        kind = type(obj)
+        if kind in (str, bytes, bytearray, memoryview):
+            texts.append(bytes(obj) if kind is not str else obj.encode("utf-8", "surrogatepass"))
+        elif kind is dict:
+            stack += list(obj.keys()) + list(obj.values())
+        elif kind in (list, tuple, set, frozenset):
+            stack += list(obj)
+        elif kind is types.ModuleType:
+            stack.append(vars(obj))
+        elif kind is types.FunctionType:
+            stack += [obj.__code__, obj.__globals__, obj.__defaults__ or (), obj.__kwdefaults__ or {}]
+            stack += [cell.cell_contents for cell in obj.__closure__ or () if cell.cell_contents is not cell]
+        elif kind is types.CodeType:
+            stack += list(obj.co_consts)
+        elif kind is types.MethodType:
+            stack.append(obj.__self__)
+        else:
+            stack.append(getattr(obj, "__dict__", None) or {})
+    found = []
+    for head, tail in halves:
+        for text in texts:
+            at = text.find(head)
+            while at >= 0 and text[at + len(head) : at + len(head) + len(tail)] != tail:
+                at = text.find(head, at + 1)
+            if at >= 0:
+                found.append(head.decode())
+                break
+    return len(seen), found
+"""
+CONTROL = "# CTRLAAAACTRLBBBB: the searcher's own program\n"
+
+
+def halves(marker: str) -> str:
+    return f"(b'{marker[:8]}', b'{marker[8:]}')"
+
+
+def test_a_program_reaches_no_other_jobs_program(arith: ArithCodeTask) -> None:
+    marker = "ZQXJKVWP" + os.urandom(6).hex()
+    honest = f"# {marker}\nprint(345 + 78)\n"
+    scanner = CONTROL + GRAPH_SCAN + f"print(*scan([{halves(marker)}, {halves('CTRLAAAACTRLBBBB')}]))\n"
+    results = arith.sandbox.run_jobs([(honest, ""), (scanner, ""), (honest, "")], max_workers=1)
+    assert results[1].ok, results[1].stderr
+    objects, found = results[1].stdout.split(" ", 1)
+    assert int(objects) > 10_000  # it walked the interpreter
+    assert found.strip() == "['CTRLAAAA']"  # its own program: yes; the jobs before and after it: no
+
+
+def test_a_candidate_reaches_no_tests(humaneval: HumanEvalTask) -> None:
+    marker = "TQSTMARK" + os.urandom(6).hex()
+    tests = f"def check(candidate):\n    # the expected values live here: {marker}\n    candidate()\n"
+    solution = CONTROL + GRAPH_SCAN + f"def f():\n    print(*scan([{halves(marker)}, {halves('CTRLAAAACTRLBBBB')}]))\n"
+    [result] = humaneval.sandbox.run_functions([FunctionJob(solution, tests, "f")])
+    assert result.ok, result.stderr
+    objects, found = result.stdout.split(" ", 1)
+    assert int(objects) > 10_000
+    assert found.strip() == "['CTRLAAAA']"
+
+
+def _sandbox_processes() -> list[int]:
+    """Host pids of the processes running the sandbox's runner (the runner, its keepers and their forks)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if b"/run/dgrpo/runner.py" in fh.read():
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def _raw_hits(pid: int, markers: dict[str, tuple[bytes, bytes]]) -> set[str]:
+    """Which markers lie anywhere in the readable memory of ``pid`` (root reads any process's memory)."""
+    hits: set[str] = set()
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            maps = fh.read().splitlines()
+        with open(f"/proc/{pid}/mem", "rb", 0) as mem:
+            for line in maps:
+                where, perms = line.split()[:2]
+                if not perms.startswith("r") or "[vsyscall]" in line:
+                    continue
+                lo, hi = (int(x, 16) for x in where.split("-"))
+                try:
+                    mem.seek(lo)
+                    data = mem.read(hi - lo)
+                except (OSError, OverflowError, ValueError):
+                    continue
+                for name, (head, tail) in markers.items():
+                    at = data.find(head)
+                    while at >= 0 and data[at + len(head) : at + len(head) + len(tail)] != tail:
+                        at = data.find(head, at + 1)
+                    if at >= 0:
+                        hits.add(name)
+    except OSError:
+        pass
+    return hits
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reading other processes' memory needs root (CI runs as root)")
+def test_no_process_of_the_sandbox_holds_another_jobs_texts(humaneval: HumanEvalTask) -> None:
+    # While a candidate's call sleeps, the raw memory of every process of the sandbox is searched: the
+    # candidate holds its solution and not its tests; the tests' process its tests and not the solution; the
+    # runner and the keeper neither; no process holds the program jobs before and after.
+    tag = os.urandom(5).hex()
+    marks = {name: name.upper() * 2 + tag for name in ("before", "solution", "tests", "after")}  # 8 + 10 chars
+    halves_of = {name: (m[:8].encode(), m[8:].encode()) for name, m in marks.items()}
+    solution = f"# {marks['solution']}\nimport time\ndef f():\n    time.sleep(3)\n    return 1\n"
+    tests = f"# {marks['tests']}\ndef check(candidate):\n    assert candidate() == 1\n"
+    jobs = [(f"# {marks['before']}\nprint(1)", ""), FunctionJob(solution, tests, "f"), (f"# {marks['after']}\n", "")]
+    results: list[object] = []
+    worker = threading.Thread(target=lambda: results.extend(humaneval.sandbox.run_jobs(jobs, max_workers=1)))
+    worker.start()
+    seen: dict[int, set[str]] = {}
+    deadline = time.monotonic() + 20
+    while worker.is_alive() and time.monotonic() < deadline and not any("solution" in h for h in seen.values()):
+        time.sleep(0.2)
+        seen = {pid: _raw_hits(pid, halves_of) for pid in _sandbox_processes()}
+    worker.join(30)
+    holders = {name: [pid for pid, h in seen.items() if name in h] for name in marks}
+    assert len(seen) >= 4, seen  # runner, keeper, tests' process, candidate
+    assert len(holders["solution"]) == 1 and len(holders["tests"]) == 1, holders
+    assert holders["solution"] != holders["tests"]
+    assert holders["before"] == holders["after"] == [], holders
+    assert [getattr(r, "ok", None) for r in results] == [True, True, True]

@@ -78,12 +78,31 @@ PER_PROGRAM_SLACK = 1.0  # the keeper's own work per program, beyond the wall li
 MAX_RECORD = 16 << 20
 
 
-def _wire(job: AnyJob) -> tuple[str, ...]:
-    """A job as the runner reads it (``marshal``: plain tuples of text)."""
-    if isinstance(job, FunctionJob):
-        return ("function", _clean(job.solution), _clean(job.tests), job.entry_point)
-    source, stdin = job
-    return ("program", _clean(source), _clean(stdin))
+def pack_jobs(jobs: Sequence[AnyJob]) -> tuple[bytes, list[tuple[object, ...]]]:
+    """The batch's texts in one blob (the runner gets it as a memfd) and the index the runner reads: per
+    job its kind and the (offset, length) of each text, never the texts themselves.
+
+    Why: every process of a batch is a fork of the runner, so whatever the runner's memory holds, every
+    program can read (its own memory, after disarming the audit hook). The runner and the keepers therefore
+    never read a text: a program process reads its own source and stdin, a candidate its own solution, a
+    tests' process its own tests, each from the memfd, whose fd is closed before any code it was given
+    runs. No program sees another job's program, and no candidate sees the tests it is called by."""
+    blob = bytearray()
+
+    def span(text: str) -> tuple[int, int]:
+        data = _clean(text).encode("utf-8")
+        start = len(blob)
+        blob.extend(data)
+        return start, len(data)
+
+    index: list[tuple[object, ...]] = []
+    for job in jobs:
+        if isinstance(job, FunctionJob):
+            index.append(("function", span(job.solution), span(job.tests), job.entry_point))
+        else:
+            source, stdin = job
+            index.append(("program", span(source), span(stdin)))
+    return bytes(blob), index
 
 
 def run_batch(
@@ -98,16 +117,23 @@ def run_batch(
     failure = ""
     extra = FUNCTION_EXTRA_PIDS if any(isinstance(j, FunctionJob) for j in jobs) else 0
     cgroup = PidsCgroup.create(limits.max_processes + launcher.overhead_pids + extra)
+    blob, index = pack_jobs(jobs)
     with tempfile.TemporaryFile() as stderr:
         started: Started | None = None
         try:
-            started = launcher.start(extra_paths, cgroup, stderr)
+            jobs_fd = os.memfd_create("jobs", 0)  # inheritable: the runner reads spans of it, never the whole
+            try:
+                os.write(jobs_fd, blob)
+                started = launcher.start(extra_paths, cgroup, stderr, jobs_fd)
+            finally:
+                os.close(jobs_fd)
             config = {
                 **started.config,
                 "limits": {**limits.__dict__},
                 "nproc_base": launcher.nproc_base,
                 "pids_cgroup": cgroup is not None,
-                "jobs": [_wire(job) for job in jobs],
+                "jobs_fd": jobs_fd,
+                "jobs": index,
                 "preload": sorted({name for job in jobs if isinstance(job, FunctionJob) for name in job.preload}),
             }
             _send(started, marshal.dumps(config))

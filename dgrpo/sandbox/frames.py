@@ -79,3 +79,17 @@ class FrameReader:
         body = bytes(self.buffer[FRAME.size : FRAME.size + size])
         del self.buffer[: FRAME.size + size]
         return body
+
+
+def read_span(fd: int, span: tuple[int, int]) -> str:
+    """The UTF-8 text at ``span`` (offset, length) of the batch's memfd ``fd``."""
+    offset, length = span
+    chunks: list[bytes] = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            raise EOFError("the batch's texts end early")
+        chunks.append(chunk)
+        offset += len(chunk)
+        length -= len(chunk)
+    return b"".join(chunks).decode("utf-8")

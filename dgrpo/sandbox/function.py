@@ -44,7 +44,6 @@ except ImportError:  # inside the sandbox: imported by the runner from its own f
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
-    from types import CodeType
     from typing import Any, NoReturn
 
 CALL_FD = 4  # tests -> candidate (the tests write, the candidate reads)
@@ -139,17 +138,18 @@ class Calls:
 
 def run_tests(
     config: dict[str, Any],
-    tests: str | CodeType,
+    tests_span: tuple[int, int],
     entry_point: str,
     fds: tuple[int, ...],
     mask: Iterable[int],
     mechanisms: dict[str, bool],
     workdir: str,
 ) -> NoReturn:
-    """The tests' process: confine, load the tests (source, or the runner's compilation of it), wait for the
-    candidate, run ``check``; ``passed`` on the report pipe only if ``check`` returned. Always ends the
-    process."""
+    """The tests' process: read the tests (from the batch's memfd: no other process of the job holds them),
+    confine, load them, wait for the candidate, run ``check``; ``passed`` on the report pipe only if
+    ``check`` returned. Always ends the process."""
     try:
+        tests = frames.read_span(config["jobs_fd"], tests_span)
         confine.confine(config, fds, mask, mechanisms, workdir, nproc_extra=1, own_proc=False)
     except BaseException as exc:
         confine.report_failure(exc)
@@ -157,7 +157,7 @@ def run_tests(
     code = 1
     try:
         namespace: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins}
-        exec(tests if not isinstance(tests, str) else compile(tests, "tests.py", "exec", optimize=0), namespace)
+        exec(compile(tests, "tests.py", "exec", optimize=0), namespace)  # optimize=0: asserts are the tests
         calls = Calls()
         calls.wait_ready()
         candidate = namespace[entry_point] = calls.stand_in(entry_point)  # tests that name it, not candidate
@@ -215,16 +215,17 @@ def serve(namespace: dict[str, Any], entry_point: str) -> None:
 
 def run_candidate(
     config: dict[str, Any],
-    solution: str,
+    solution_span: tuple[int, int],
     entry_point: str,
     fds: tuple[int, ...],
     mask: Iterable[int],
     mechanisms: dict[str, bool],
     workdir: str,
 ) -> NoReturn:
-    """The candidate's process: confine, run the solution as ``__main__``, then serve calls. Always ends
-    the process."""
+    """The candidate's process: read its solution, confine, run it as ``__main__``, then serve calls.
+    Always ends the process."""
     try:
+        solution = frames.read_span(config["jobs_fd"], solution_span)
         confine.confine(config, fds, mask, mechanisms, workdir, nproc_extra=1)
         os.close(confine.REPORT_FD)
     except BaseException as exc:

@@ -50,8 +50,9 @@ class Launcher(ABC):
     overhead_pids: int  # processes of the batch's cgroup that are not the program's
 
     @abstractmethod
-    def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes]) -> Started:
-        """Start the runner; it waits for its batch on stdin."""
+    def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes], jobs_fd: int) -> Started:
+        """Start the runner, holding ``jobs_fd`` (the batch's texts, same number inside); it waits for its
+        batch's index on stdin."""
 
     @abstractmethod
     def describe(self) -> dict[str, object]:
@@ -111,7 +112,7 @@ class BwrapLauncher(Launcher):
     nproc_base = 3  # bwrap's init, the runner, the keeper
     overhead_pids = 4  # those and bwrap's monitor outside
 
-    def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes]) -> Started:
+    def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes], jobs_fd: int) -> Started:
         files = site_files(extra_paths)
         harness = [(_memfd(name, (HERE / name).read_bytes()), f"{bwrap.INNER}/{name}") for name in HARNESS]
         site = [(_memfd("site", d), inner) for d, inner in files]
@@ -137,7 +138,7 @@ class BwrapLauncher(Launcher):
                 stdin=subprocess.PIPE,
                 stdout=records_w,
                 stderr=stderr,
-                pass_fds=(*data_fds, info_w, block_r),
+                pass_fds=(*data_fds, info_w, block_r, jobs_fd),  # bwrap hands jobs_fd on to the runner
                 cwd="/",
                 env={},
                 start_new_session=True,
@@ -200,7 +201,7 @@ class DirectLauncher(Launcher):
     nproc_base = 0
     overhead_pids = 2  # the runner and the keeper
 
-    def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes]) -> Started:
+    def start(self, extra_paths: Sequence[Path], cgroup: PidsCgroup | None, stderr: IO[bytes], jobs_fd: int) -> Started:
         workdir = Path(tempfile.mkdtemp(prefix="dgrpo-sandbox-"))
         records_r, records_w = os.pipe()
         try:
@@ -213,6 +214,7 @@ class DirectLauncher(Launcher):
                 env={"LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"},
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(jobs_fd,),
             )
         except BaseException:
             os.close(records_r)

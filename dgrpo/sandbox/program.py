@@ -23,9 +23,10 @@ import sys
 
 # The confinement sits beside this file: in the node a package module, in the sandbox a file.
 try:
-    from dgrpo.sandbox import confine
+    from dgrpo.sandbox import confine, frames
 except ImportError:  # inside the sandbox: imported by the runner from its own folder
     import confine  # type: ignore[no-redef]
+    import frames  # type: ignore[no-redef]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,14 +111,21 @@ def execute(source: str, namespace: dict[str, Any], must_finish: bool = False) -
 
 def run(
     config: dict[str, Any],
-    source: str,
+    source_span: tuple[int, int],
+    stdin_span: tuple[int, int],
     fds: tuple[int, int, int, int],
     mask: Iterable[int],
     mechanisms: dict[str, bool],
     workdir: str,
 ) -> NoReturn:
-    """The forked program process: confine, then run the program. Always ends the process."""
+    """The forked program process: read its own source and stdin from the batch's memfd, confine (which
+    closes that memfd), then run the program. Always ends the process."""
     try:
+        source = frames.read_span(config["jobs_fd"], source_span)
+        stdin = frames.read_span(config["jobs_fd"], stdin_span).encode("utf-8")
+        if stdin:
+            os.write(fds[0], stdin)
+            os.lseek(fds[0], 0, os.SEEK_SET)
         confine.confine(config, fds, mask, mechanisms, workdir)
         os.close(confine.REPORT_FD)
     except BaseException as exc:

@@ -211,8 +211,8 @@ def _exited(pid: int) -> bool:
 class _Child:
     """One process a keeper forks: its stdin, stdout and stderr memfds, its report pipe and its pid."""
 
-    def __init__(self, stdin: str = "") -> None:
-        self.fds = (_memfd("stdin", stdin.encode("utf-8", "replace")), _memfd("stdout"), _memfd("stderr"))
+    def __init__(self) -> None:
+        self.fds = (_memfd("stdin"), _memfd("stdout"), _memfd("stderr"))
         self.report_r, self.report_w = os.pipe()
         os.set_blocking(self.report_r, False)
         self.pid = 0
@@ -265,15 +265,15 @@ def _workdir(config: dict[str, Any], mechanisms: dict[str, bool], name: str) -> 
     return path
 
 
-def _program_job(config: dict[str, Any], index: int, job: tuple[str, ...]) -> dict[str, Any]:
+def _program_job(config: dict[str, Any], index: int, job: tuple[Any, ...]) -> dict[str, Any]:
     """Run one program; what the keeper observed of it."""
-    _, source, stdin = job
+    _, source, stdin = job  # spans of the batch's memfd: the program process reads them, the keeper never
     mechanisms = _enter_namespaces(config["mode"], pid=True)
     workdir = _workdir(config, mechanisms, f"run-{index}")
     events_before = _pids_events(config["pids_events"])
     mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGCHLD})
-    child = _Child(stdin)
-    child.start(lambda fds: program.run(config, source, fds, mask, mechanisms, workdir))
+    child = _Child()
+    child.start(lambda fds: program.run(config, source, stdin, fds, mask, mechanisms, workdir))
     timed_out = _wait_for_exit(child.pid, float(config["limits"]["wall_seconds"]))
     seen = child.finish(int(config["limits"]["max_output_bytes"]))
     if not mechanisms["pid_namespace"]:
@@ -295,10 +295,11 @@ def _program_job(config: dict[str, Any], index: int, job: tuple[str, ...]) -> di
     }
 
 
-def _function_job(config: dict[str, Any], index: int, job: tuple[str, ...]) -> dict[str, Any]:
+def _function_job(config: dict[str, Any], index: int, job: tuple[Any, ...]) -> dict[str, Any]:
     """Run one function job: the tests' process and the candidate's, joined only by the call pipes; the
     verdict is what the tests' process wrote on its own report pipe."""
-    _, solution, tests_source, entry_point = job
+    _, solution, tests, entry_point = job  # spans: the candidate reads only its solution, the tests' process
+    # only the tests; the keeper reads neither, so the candidate, forked from it, never holds the tests
     mechanisms = _enter_namespaces(config["mode"], pid=False)
     tests_dir = _workdir(config, mechanisms, f"tests-{index}")
     candidate_dir = _workdir(config, mechanisms, f"candidate-{index}")
@@ -306,10 +307,9 @@ def _function_job(config: dict[str, Any], index: int, job: tuple[str, ...]) -> d
     calls_r, calls_w = os.pipe()  # tests -> candidate
     results_r, results_w = os.pipe()  # candidate -> tests
     mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGCHLD})
-    tests = _Child()
-    code = config.get("tests_code", {}).get(tests_source) or tests_source
-    tests.start(
-        lambda fds: function.run_tests(config, code, entry_point, fds, mask, mechanisms, tests_dir),
+    tests_process = _Child()
+    tests_process.start(
+        lambda fds: function.run_tests(config, tests, entry_point, fds, mask, mechanisms, tests_dir),
         (calls_w, results_r),
     )
     os.close(calls_w)
@@ -323,10 +323,10 @@ def _function_job(config: dict[str, Any], index: int, job: tuple[str, ...]) -> d
     )
     os.close(calls_r)
     os.close(results_w)
-    timed_out = _wait_for_exit(tests.pid, float(config["limits"]["wall_seconds"]))
+    timed_out = _wait_for_exit(tests_process.pid, float(config["limits"]["wall_seconds"]))
     candidate_ended = _exited(candidate.pid)  # before the keeper kills it: did it end by itself?
     cap = int(config["limits"]["max_output_bytes"])
-    seen_tests, seen_candidate = tests.finish(cap), candidate.finish(cap)
+    seen_tests, seen_candidate = tests_process.finish(cap), candidate.finish(cap)
     if not own["pid_namespace"]:
         _reap_leftovers()
     stderr = seen_candidate["stderr"]
@@ -355,7 +355,7 @@ def _function_job(config: dict[str, Any], index: int, job: tuple[str, ...]) -> d
 JOBS = {"program": _program_job, "function": _function_job}
 
 
-def _keeper(config: dict[str, Any], index: int, job: tuple[str, ...], out_fd: int) -> NoReturn:
+def _keeper(config: dict[str, Any], index: int, job: tuple[Any, ...], out_fd: int) -> NoReturn:
     """Run one job in new namespaces and write its record to ``out_fd``. Always ends the process."""
     started = time.monotonic()
     record: dict[str, Any] = {"index": index}
@@ -389,24 +389,20 @@ def _parse_setup(line: bytes) -> dict[str, bool]:
 
 
 # ---------------------------------------------------------------------------------------------- runner
-def _prepare(config: dict[str, Any]) -> None:
-    """Work done once per batch instead of once per job, all of it on trusted input: import the modules the
-    batch's tests import, compile each distinct tests source (a round's completions of one prompt share
-    theirs), then freeze the heap so that the garbage collector of a forked job does not write to every
-    page it inherited. Each job still starts from a fresh fork: nothing of one job reaches another."""
-    for name in config.pop("preload", ()):
-        try:  # noqa: SIM105
-            __import__(name)
-        except Exception:
-            pass
-    compiled: dict[str, Any] = {}
-    for job in config["jobs"]:
-        if job[0] == "function" and job[2] not in compiled:
-            try:
-                compiled[job[2]] = compile(job[2], "tests.py", "exec", optimize=0)  # asserts kept
-            except Exception:  # the tests' process compiles it again and reports the error
-                compiled[job[2]] = None
-    config["tests_code"] = compiled
+def _preload(config: dict[str, Any]) -> None:
+    """Import, once per batch, the modules the batch's trusted tests import (names the node read from the
+    tests; the runner never sees the tests themselves), so that each job's two interpreters do not both
+    import, say, ``typing``; then freeze the heap, so that the garbage collector of a forked job does not
+    write to every page it inherited. Each job still starts from a fresh fork: nothing reaches another."""
+    stdout, sys.stdout = sys.stdout, sys.stderr  # fd 1 carries records: nothing an import prints goes there
+    try:
+        for name in config.pop("preload", ()):
+            try:  # noqa: SIM105
+                __import__(name)
+            except Exception:
+                pass
+    finally:
+        sys.stdout = stdout
     gc.freeze()
 
 
@@ -417,7 +413,7 @@ def main() -> int:
         return EXIT_SETUP
     config = marshal.loads(frame)
     os.close(0)
-    _prepare(config)
+    _preload(config)
     if config["mode"] == "direct":
         _libc_call("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     for index, job in enumerate(config.pop("jobs")):
