@@ -196,3 +196,26 @@ except PermissionError as exc:
     assert task.reward(make_prompt("sum", 345, 78), program) == 0.0
     result = task.sandbox.run(program)
     assert result.stdout.strip() == f"refused {errno.EPERM}"
+
+
+def test_a_syscall_of_another_abi_kills_the_process() -> None:
+    # x32 system calls (nr | 0x40000000) on x86_64 would bypass rules written for the native numbers: the
+    # filter's architecture check kills the process instead (SIGSYS). On other machines there is no x32 ABI:
+    # the same call is only an unknown syscall number there, and the check is that it does not kill.
+    import platform
+    import signal
+
+    x86_64 = platform.machine() == "x86_64"
+    for bpf, kills in ((seccomp.program_filter(), x86_64), (seccomp.sandbox_filter(), x86_64), (b"", False)):
+        pid = os.fork()
+        if pid == 0:
+            LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+            if bpf:
+                _load_seccomp(bpf)
+            LIBC.syscall(ctypes.c_long(0x40000000 | nr("getpid")))
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        if kills:
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS, status
+        else:
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -129,23 +129,18 @@ def _fcntl_dupfd(fd: int, lowest: int = 10) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- steps
-def _private_mounts(tmpfs_bytes: int, own_proc: bool) -> bool:
-    """A mount namespace of its own; with ``own_proc`` a fresh /proc for its PID namespace (True), or an
-    empty one where the kernel refuses (False); private tmpfs /tmp and /dev/shm. Nothing written there
-    outlives the process, and no other process of the job (a function job's other half) sees them.
-
-    Without ``own_proc`` (a function job's tests' process, which shares the sandbox's PID namespace and may
-    not mount a proc for it) the sandbox's /proc stays: the tests' process runs trusted code only."""
+def _private_mounts(tmpfs_bytes: int) -> bool:
+    """A mount namespace of its own with a fresh /proc for its PID namespace (True), or an empty one where the
+    kernel refuses (False); private tmpfs /tmp and /dev/shm. Nothing written there outlives the process, and
+    no other process of the job (a function job's other half) sees them."""
     libc_call("unshare", CLONE_NEWNS)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    fresh = False
-    if own_proc:
-        try:
-            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            fresh = True
-        except OSError:
-            flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY
-            _mount("tmpfs", "/proc", "tmpfs", flags, "size=4k,mode=0555")
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        fresh = True
+    except OSError:
+        _mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=0555")
+        fresh = False
     size = f"size={max(4096, tmpfs_bytes)}"
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=0700")
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777")
@@ -209,13 +204,14 @@ def confine(
     mechanisms: dict[str, bool],
     workdir: str,
     nproc_extra: int = 0,
-    own_proc: bool = True,
+    own_mounts: bool = True,
 ) -> dict[str, bool]:
     """Confine this (freshly forked) process; ``fds`` become 0, 1, 2, ... in order, fd 3 being the report
     pipe; ``nproc_extra`` more processes of the job (a function job's other half) count against
-    RLIMIT_NPROC; ``own_proc``: see :func:`_private_mounts`. Returns what is in force, after writing it as
-    the ``setup`` line on fd 3. Raises on any failure: the caller exits with :data:`EXIT_SETUP` and runs
-    nothing."""
+    RLIMIT_NPROC; without ``own_mounts`` (a function job's tests' process: trusted code, in the sandbox's PID
+    namespace, for which it may not mount a /proc) it keeps the sandbox's mounts, read-only, instead of
+    :func:`_private_mounts`. Returns what is in force, after writing it as the ``setup`` line on fd 3. Raises
+    on any failure: the caller exits with :data:`EXIT_SETUP` and runs nothing."""
     high = [_fcntl_dupfd(fd) for fd in fds]  # above every target first: no dup2 below clobbers a source
     for target, fd in enumerate(high):
         os.dup2(fd, target)
@@ -224,8 +220,8 @@ def confine(
     os.setpgid(0, 0)
     libc_call("prctl", PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)  # die with the keeper
     setup = {"fresh_proc": False, "no_capabilities": False, "no_new_privs": False, "seccomp": False}
-    if mechanisms["mount_namespace"] and own_proc:
-        setup["fresh_proc"] = _private_mounts(int(config["limits"]["tmpfs_bytes"]), own_proc)
+    if mechanisms["mount_namespace"] and own_mounts:
+        setup["fresh_proc"] = _private_mounts(int(config["limits"]["tmpfs_bytes"]))
     os.chdir(workdir or "/tmp")
     if config["mode"] == "bwrap":
         setup["no_capabilities"] = _drop_capabilities()

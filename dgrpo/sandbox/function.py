@@ -150,7 +150,7 @@ def run_tests(
     ``check`` returned. Always ends the process."""
     try:
         tests = frames.read_span(config["jobs_fd"], tests_span)
-        confine.confine(config, fds, mask, mechanisms, workdir, nproc_extra=1, own_proc=False)
+        confine.confine(config, fds, mask, mechanisms, workdir, nproc_extra=1, own_mounts=False)
     except BaseException as exc:
         confine.report_failure(exc)
         os._exit(confine.EXIT_SETUP)
