@@ -140,7 +140,35 @@ HUMANEVAL_ATTACKS: dict[str, str] = {
     "a value nested too deep": "    v = []\n    for _ in range(200):\n        v = [v]\n    return v\n",
     "a value too large": "    return 'x' * (64 << 20)\n",
     "StopIteration from the function": "    raise StopIteration\n",
+    # speaking the harness's protocol itself
+    "answers sent before the calls": "    return None\n\nimport os, json\n"
+    "for seq in range(0, 200):\n    body = json.dumps(['t', 'return', seq, True]).encode()\n"
+    "    try:\n        os.write(5, len(body).to_bytes(8, 'big') + body)\n    except OSError:\n        break\n",
+    "ready, then gone": "    return None\n\nimport os, json\nbody = json.dumps(['t', 'ready']).encode()\n"
+    "os.write(5, len(body).to_bytes(8, 'big') + body)\nos._exit(0)\n",
+    "its call pipes closed": "    return None\n\nimport os\nfor fd in range(3, 64):\n    try:\n"
+    "        os.close(fd)\n    except OSError:\n        pass\n",
+    "an error class named like a builtin": "    class ValueError(Exception):\n        pass\n    raise ValueError\n",
+    "SystemExit inside the call": "    raise SystemExit(0)\n",
+    "values a comparison gets wrong": "    return float('nan')\n",
+    "a generator": "    yield None\n",
+    "a function": "    return lambda *a: True\n",
+}
+# Attacks that end at a limit: run on two prompts under tight limits (the limits themselves: test_sandbox.py).
+LIMIT_ATTACKS: dict[str, str] = {
+    "past the wall limit": "    import time\n    time.sleep(60)\n",
+    "a CPU burn": "    while True:\n        pass\n",
+    "a memory bomb": "    x = bytearray(10 * 1024 ** 3)\n    return x\n",
+    "a fork bomb": "    import os\n    while True:\n        try:\n            os.fork()\n        except OSError:\n"
+    "            pass\n",
+    "the solution never loads": "    return None\n\nwhile True:\n    pass\n",
+}
+HUMANEVAL_ATTACKS |= {
     # reaching the tests' process at the OS level
+    "ptrace on every pid it can see, from a child interpreter": "    import subprocess, sys\n"
+    "    code = ('import ctypes, os\\nlibc = ctypes.CDLL(None)\\n'\n"
+    "            'for p in os.listdir(\"/proc\"):\\n    if p.isdigit(): libc.ptrace(16, int(p), 0, 0)\\n')\n"
+    "    subprocess.run([sys.executable, '-S', '-c', code], timeout=5)\n    return None\n",
     "the tests' process through /proc": "    import os\n    for pid in os.listdir('/proc'):\n"
     "        if pid.isdigit() and pid != str(os.getpid()):\n            for fd in range(16):\n                try:\n"
     "                    with open(f'/proc/{pid}/fd/{fd}', 'wb') as fh:\n"
@@ -176,6 +204,17 @@ def test_no_humaneval_body_forges_a_pass(humaneval: HumanEvalTask, eval_prompts:
     body = HUMANEVAL_ATTACKS[attack]
     scores = humaneval.rewards_batch([(p, [body]) for p in eval_prompts])
     assert [s for (s,) in scores] == [0.0] * len(eval_prompts)
+
+
+@pytest.mark.parametrize("attack", sorted(LIMIT_ATTACKS))
+def test_no_humaneval_body_at_a_limit_passes(eval_prompts: list[Prompt], attack: str) -> None:
+    from dgrpo.sandbox import SandboxLimits
+
+    task = HumanEvalTask(limits=SandboxLimits(cpu_seconds=1.0, wall_seconds=2.0, max_processes=8))
+    prompts = eval_prompts[:2]
+    body = LIMIT_ATTACKS[attack]
+    scores = task.rewards_batch([(p, [body, p.answer]) for p in prompts])
+    assert scores == [[0.0, 1.0], [0.0, 1.0]]  # the honest solution beside it, in the same batch, passes
 
 
 def test_the_attacks_run_and_an_honest_body_beside_them_still_passes(

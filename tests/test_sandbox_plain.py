@@ -303,3 +303,18 @@ def test_a_function_job_needs_an_identifier_entry_point() -> None:
 
     with pytest.raises(ConfigError):
         FunctionJob("", "", "f(); import os")
+
+
+def test_the_batchs_texts_are_sealed_against_writes() -> None:
+    from dgrpo.sandbox.batch import pack_jobs, sealed_memfd
+
+    blob, index = pack_jobs([("print(1)", "in"), FunctionJob("def f(): pass", "def check(c): pass", "f")])
+    assert index == [("program", (0, 8), (8, 2)), ("function", (10, 13), (23, 18), "f")]
+    fd = sealed_memfd("jobs", blob)
+    try:
+        assert os.pread(fd, len(blob), 0) == blob
+        for attempt in (lambda: os.pwrite(fd, b"x", 0), lambda: os.ftruncate(fd, 0), lambda: os.write(fd, b"x")):
+            with pytest.raises(PermissionError):
+                attempt()
+    finally:
+        os.close(fd)

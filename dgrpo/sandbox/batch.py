@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import fcntl
 import json
 import logging
 import marshal
@@ -105,6 +106,22 @@ def pack_jobs(jobs: Sequence[AnyJob]) -> tuple[bytes, list[tuple[object, ...]]]:
     return bytes(blob), index
 
 
+def sealed_memfd(name: str, data: bytes) -> int:
+    """An inheritable memfd holding ``data``, sealed: no process that holds it can write, grow or shrink it
+    (a process of the batch that kept it open could not change a later job's texts)."""
+    fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def run_batch(
     launcher: Launcher, limits: SandboxLimits, extra_paths: Sequence[Path], jobs: Sequence[AnyJob]
 ) -> tuple[list[SandboxResult], dict[str, bool]]:
@@ -121,9 +138,8 @@ def run_batch(
     with tempfile.TemporaryFile() as stderr:
         started: Started | None = None
         try:
-            jobs_fd = os.memfd_create("jobs", 0)  # inheritable: the runner reads spans of it, never the whole
+            jobs_fd = sealed_memfd("jobs", blob)  # the runner reads spans of it, never the whole
             try:
-                os.write(jobs_fd, blob)
                 started = launcher.start(extra_paths, cgroup, stderr, jobs_fd)
             finally:
                 os.close(jobs_fd)
