@@ -287,7 +287,7 @@ def test_capabilities_describe_the_mechanisms(capabilities: dict[str, bool | str
     assert capabilities["isolation"] == "bwrap"
     for key in ("user_namespace", "mount_namespace", "pid_namespace", "net_namespace", "ipc_namespace"):
         assert capabilities[key] is True
-    for key in ("fresh_proc", "no_capabilities", "no_new_privs", "read_only_root"):
+    for key in ("fresh_proc", "no_capabilities", "no_new_privs", "read_only_root", "seccomp", "sandbox_seccomp"):
         assert capabilities[key] is True
     if os.geteuid() == 0:
         assert capabilities["sandbox_uid"] == 65534

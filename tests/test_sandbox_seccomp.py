@@ -13,13 +13,13 @@ import socket
 import tempfile
 import threading
 
+import pyseccomp
 import pytest
 
 from dgrpo.sandbox import Sandbox, seccomp
 from dgrpo.sandbox.confine import PR_SET_NO_NEW_PRIVS, _load_seccomp
 from dgrpo.tasks.arith_code import ArithCodeTask, make_prompt
 
-pyseccomp = pytest.importorskip("pyseccomp")  # a dependency of dgrpo: present wherever dgrpo is installed
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.syscall.restype = ctypes.c_long
 CLONE_NEWNS, CLONE_NEWUTS, SIGCHLD = 0x00020000, 0x04000000, 17
@@ -219,3 +219,16 @@ def test_a_syscall_of_another_abi_kills_the_process() -> None:
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGSYS, status
         else:
             assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_a_bwrap_sandbox_refuses_to_exist_without_seccomp(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dgrpo.sandbox import SandboxUnavailableError
+    from dgrpo.sandbox import sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module.seccomp, "available", lambda: "libseccomp is not available (test)")
+    sandbox_module._bwrap_launcher.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailableError, match="seccomp"):
+            Sandbox()
+    finally:
+        sandbox_module._bwrap_launcher.cache_clear()
