@@ -5,21 +5,22 @@ sandbox's interpreter (which need not be the node's).
 
 For each job of the batch (``dgrpo.sandbox`` explains where the runner itself lives)::
 
-    runner      reads the batch, then for each job forks
+    runner      reads the batch's index, then for each job forks
      keeper     a new IPC namespace (the batch shares bwrap's empty network namespace); enforces the wall
-                limit and writes the job's record.
-                Never runs code it was given.
+                limit and writes the job's record. Never runs code it was given, never reads a job's texts.
       program   a program job: pid 1 of a PID namespace of its own (:mod:`program`): confines itself and
                 runs the program; when it exits the kernel kills all it started.
       tests     a function job: the tests' process (:mod:`function`), trusted code; forked before the
                 keeper makes the PID namespace below, so the candidate cannot see it
       candidate a function job: pid 1 of a PID namespace of its own, runs the solution and answers calls
 
-Channels. The batch arrives on fd 0 as one frame; each job's record leaves on fd 1 as one frame, written by
-its keeper. No process that runs given code holds either: a program or candidate holds its stdin, stdout and
-stderr (memfds of its own) and, for a candidate, its ends of the call pipes; the tests' process also holds
-its report pipe, on which it writes the verdict. Keeper and runner live in an outer PID namespace the program
-and the candidate cannot see, and are not dumpable.
+Channels. The batch's index arrives on fd 0 as one frame (per job its kind and the spans of its texts); the
+texts are in a sealed memfd (``jobs_fd``) that the runner and the keepers never read: each process reads its
+own spans and closes it before running code (:func:`dgrpo.sandbox.batch.pack_jobs` says why). Each job's
+record leaves on fd 1 as one frame, written by its keeper. No process that runs given code holds either: a
+program or candidate holds its stdin, stdout and stderr (memfds of its own) and, for a candidate, its ends of
+the call pipes; the tests' process also holds its report pipe, on which it writes the verdict. Keeper and
+runner live in an outer PID namespace the program and the candidate cannot see, and are not dumpable.
 
 What the keeper records is what it observes itself: exit statuses and resource use (``wait4``), whether the
 wall limit passed, the pids cgroup's refusals, the captured output, and for a function job the tests'
@@ -29,7 +30,7 @@ process's verdict. No secret, key or flag that a program could read or write dec
 the keeper enters what namespaces it can (as root; or through a user namespace), each process works in a
 fresh host folder, and the audit hook also refuses what those missing namespaces would have contained.
 
-Formats: the batch is ``marshal`` (it comes from the trusted parent); records are JSON (the parent parses
+Formats: the index is ``marshal`` (it comes from the trusted parent); records are JSON (the parent parses
 them with a parser that is safe on any input), output bytes carried as latin-1 text. ``_signal`` rather than
 ``signal`` and ``try``/``except``/``pass`` rather than ``contextlib.suppress`` save imports (``noqa: SIM105``).
 """
