@@ -14,6 +14,10 @@ The tagged form (JSON text, UTF-8): None, booleans, floats, strings and ints of 
 scalars; a larger int is ``["i", "<hex>"]`` (hex: no digit limit, linear to parse); bytes ``["b", "<hex>"]``;
 a list ``["l", item, ...]``, a tuple ``["t", item, ...]``, a dict ``["d", key, value, key, value, ...]``.
 A JSON object, an unknown tag, a malformed hex string or a bound exceeded is a :class:`PlainDataError`.
+
+Why JSON and not msgpack (which the wire layer uses, with strict types): this runs under the sandbox's
+interpreter, which has its standard library and nothing else; the standard library's JSON parser is the one
+parser there that is written for untrusted input (``marshal`` and ``pickle`` are not).
 """
 
 from __future__ import annotations
