@@ -27,6 +27,12 @@ import os
 import resource
 import sys
 
+# The framing sits beside this file: in the node a package module, in the sandbox a file.
+try:
+    from dgrpo.sandbox import frames
+except ImportError:  # inside the sandbox: imported by the runner from its own folder
+    import frames  # type: ignore[no-redef]
+
 # Typing helpers only for the type checker (importing ``typing`` costs a few ms).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -248,9 +254,37 @@ def confine(
     return setup
 
 
-def report_failure(exc: BaseException) -> None:
-    """A setup failure, on stderr (the process exits with :data:`EXIT_SETUP` next)."""
-    try:  # noqa: SIM105
-        os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
-    except BaseException:
-        pass
+def enter(
+    config: dict[str, Any],
+    spans: Iterable[tuple[int, int]],
+    fds: tuple[int, ...],
+    mask: Iterable[int],
+    mechanisms: dict[str, bool],
+    workdir: str,
+    *,
+    nproc_extra: int = 0,
+    own_mounts: bool = True,
+    keep_report: bool = False,
+    stdin_span: tuple[int, int] | None = None,
+) -> list[str]:
+    """The start of every process that runs given code: read its own texts (``spans`` of the batch's memfd,
+    which :func:`confine` then closes; ``stdin_span`` goes into its stdin memfd, before the file size limit
+    is set), confine, and close the report pipe unless ``keep_report`` (the tests' process writes its verdict
+    there). Returns the texts; on any failure it reports on stderr and exits with :data:`EXIT_SETUP`, having
+    run nothing."""
+    try:
+        texts = [frames.read_span(config["jobs_fd"], span) for span in spans]
+        stdin = b"" if stdin_span is None else frames.read_span(config["jobs_fd"], stdin_span).encode("utf-8")
+        if stdin:
+            os.write(fds[0], stdin)
+            os.lseek(fds[0], 0, os.SEEK_SET)
+        confine(config, fds, mask, mechanisms, workdir, nproc_extra, own_mounts)
+        if not keep_report:
+            os.close(REPORT_FD)
+    except BaseException as exc:
+        try:  # noqa: SIM105
+            os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
+        except BaseException:
+            pass
+        os._exit(EXIT_SETUP)
+    return texts

@@ -148,12 +148,9 @@ def run_tests(
     """The tests' process: read the tests (from the batch's memfd: no other process of the job holds them),
     confine, load them, wait for the candidate, run ``check``; ``passed`` on the report pipe only if
     ``check`` returned. Always ends the process."""
-    try:
-        tests = frames.read_span(config["jobs_fd"], tests_span)
-        confine.confine(config, fds, mask, mechanisms, workdir, nproc_extra=1, own_mounts=False)
-    except BaseException as exc:
-        confine.report_failure(exc)
-        os._exit(confine.EXIT_SETUP)
+    [tests] = confine.enter(
+        config, (tests_span,), fds, mask, mechanisms, workdir, nproc_extra=1, own_mounts=False, keep_report=True
+    )
     code = 1
     try:
         namespace: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins}
@@ -224,13 +221,7 @@ def run_candidate(
 ) -> NoReturn:
     """The candidate's process: read its solution, confine, run it as ``__main__``, then serve calls.
     Always ends the process."""
-    try:
-        solution = frames.read_span(config["jobs_fd"], solution_span)
-        confine.confine(config, fds, mask, mechanisms, workdir, nproc_extra=1)
-        os.close(confine.REPORT_FD)
-    except BaseException as exc:
-        confine.report_failure(exc)
-        os._exit(confine.EXIT_SETUP)
+    [solution] = confine.enter(config, (solution_span,), fds, mask, mechanisms, workdir, nproc_extra=1)
     main = program.fresh_main()
     code = program.execute(solution, main.__dict__, must_finish=True)
     if code == 0:

@@ -23,10 +23,9 @@ import sys
 
 # The confinement sits beside this file: in the node a package module, in the sandbox a file.
 try:
-    from dgrpo.sandbox import confine, frames
+    from dgrpo.sandbox import confine
 except ImportError:  # inside the sandbox: imported by the runner from its own folder
     import confine  # type: ignore[no-redef]
-    import frames  # type: ignore[no-redef]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -120,16 +119,6 @@ def run(
 ) -> NoReturn:
     """The forked program process: read its own source and stdin from the batch's memfd, confine (which
     closes that memfd), then run the program. Always ends the process."""
-    try:
-        source = frames.read_span(config["jobs_fd"], source_span)
-        stdin = frames.read_span(config["jobs_fd"], stdin_span).encode("utf-8")
-        if stdin:
-            os.write(fds[0], stdin)
-            os.lseek(fds[0], 0, os.SEEK_SET)
-        confine.confine(config, fds, mask, mechanisms, workdir)
-        os.close(confine.REPORT_FD)
-    except BaseException as exc:
-        confine.report_failure(exc)
-        os._exit(EXIT_SETUP)
+    [source] = confine.enter(config, (source_span,), fds, mask, mechanisms, workdir, stdin_span=stdin_span)
     main = fresh_main()
     exit_process(execute(source, main.__dict__))

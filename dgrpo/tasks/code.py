@@ -276,7 +276,7 @@ def humaneval_solution(prompt: Prompt, completion: str) -> str | None:
 
 def humaneval_tests(prompt: Prompt) -> str:
     """The tests' module of a prompt: the prompt itself (its imports and helper functions, which some tests
-    call; its stub of the entry point is replaced by the stand-in for the candidate's function) and the
+    call; its docstring-only definition of the entry point gives way to the stand-in for the candidate's) and the
     task's ``check``. Trusted: the node's own copy of the problem, never a peer's."""
     return f"{prompt.text}\n\n{prompt.meta['test']}\n"
 
