@@ -203,6 +203,13 @@ def node_run(
         str | None, typer.Option(help="httt (exchange rollouts, the default) | federated (exchange model updates)")
     ] = None,
     unsafe_weak_sandbox: WeakSandboxOption = False,
+    relay_service: Annotated[
+        bool,
+        typer.Option(
+            "--relay-service",
+            help="serve as a circuit relay v2 for peers behind NAT (a public node; see docs/joining.md)",
+        ),
+    ] = False,
 ) -> None:
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly)."""
     import json as _json
@@ -221,6 +228,8 @@ def node_run(
         sets.append(f"network.bootstrap={_json.dumps(bootstrap)}")
     if run_id is not None:
         sets.append(f"run_id={_json.dumps(run_id)}")
+    if relay_service:
+        sets.append("network.traversal.relay_service=true")
     if max_rounds is not None:
         sets.append(f"rounds.max_rounds={max_rounds}")
     if mode is not None:
@@ -264,13 +273,15 @@ def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> An
     from rich.table import Table
 
     table = Table(title="dgrpo nodes")
-    for col in ("node", "peer", "state", "round", "done", "peers", "accepted", "rejected", "reward", "errors"):
+    columns = ("node", "peer", "state", "round", "done", "peers", "reach", "links", "accepted", "rejected", "reward")
+    for col in (*columns, "errors"):
         table.add_column(col)
     for name, st in zip(names, statuses, strict=True):
         if st is None:
-            table.add_row(name, "-", "starting", "", "", "", "", "", "", "")
+            table.add_row(name, "-", "starting", *[""] * (len(columns) - 2))
             continue
         reward = st.get("mean_reward")
+        net = st.get("network") or {}
         table.add_row(
             name,
             str(st["peer_id"])[-8:],
@@ -278,6 +289,8 @@ def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> An
             str(st["round"]),
             str(st["rounds_done"]),
             str(len(st["peers"])),
+            str((net.get("reachability") or {}).get("status", "")),
+            f"{net.get('direct_peers', 0)}d/{net.get('relayed_peers', 0)}r" if net else "",
             str(st["messages_accepted"]),
             str(sum(st["messages_rejected"].values())),
             "" if reward is None else f"{reward:.3f}",
@@ -314,6 +327,14 @@ def status(
         console.print_json(data=st)
         return
     console.print(_status_table([st], ["node"]))
+    net = st.get("network") or {}
+    if net:
+        console.print(f"reachability: {net['reachability']['status']}  observed: {net['observed_addrs']}")
+        console.print(f"announced: {st['listen_addrs']}")
+        if net["relays"]:
+            console.print(f"relay slots on: {net['relays']}")
+        for peer, kind in net["connections"].items():
+            console.print(f"  {peer}  {kind}")
     console.print(f"rejected by reason: {st['messages_rejected']}  blacklisted: {st['blacklisted_peers']}")
     for err in st["last_errors"][-5:]:
         console.print(f"[yellow]{err}[/]")

@@ -9,8 +9,9 @@ SUDO=""
 # py-libp2p builds fastecdsa from source: it needs libgmp-dev and a C compiler. Code rewards run peers'
 # programs in a bubblewrap sandbox (bwrap >= 0.8), under an interpreter its unprivileged user can read:
 # Debian's python3 when the node's own lives somewhere it cannot (pyenv under /root). libseccomp compiles the
-# sandbox's seccomp filters (through pyseccomp).
-PACKAGES=(libgmp-dev build-essential bubblewrap python3 libseccomp2)
+# sandbox's seccomp filters (through pyseccomp). The NAT-traversal tests build home routers from network
+# namespaces: iproute2 (ip netns, veth) and nftables (masquerade).
+PACKAGES=(libgmp-dev build-essential bubblewrap python3 libseccomp2 iproute2 nftables)
 missing=()
 for pkg in "${PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
 if [ ${#missing[@]} -gt 0 ]; then

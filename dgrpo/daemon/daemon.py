@@ -225,6 +225,7 @@ class Daemon:
             "peers": sorted(transport.peers()) if transport else [],
             "connected_peers": sorted(gossip.connected_peers()) if gossip else [],
             "listen_addrs": gossip.listen_addrs() if gossip else [],
+            "network": gossip.traversal.snapshot() if gossip else None,
             "mean_reward": last.scoring.mean_reward if last else None,
             "last_round": outcome_json(last) if last else None,
             "messages_accepted": wire.accepted,
@@ -281,13 +282,15 @@ class Daemon:
     async def run(self) -> None:
         s = self.settings
         gossip_cfg = GossipConfig(listen=s.network.listen, bootstrap=tuple(s.network.bootstrap), **s.network.gossip)
-        async with GossipNode.open(gossip_cfg, self.identity.to_libp2p_keypair()) as gossip:
+        keys = self.identity.to_libp2p_keypair()
+        async with GossipNode.open(gossip_cfg, keys, s.network.traversal) as gossip:
             self.gossip = gossip
             self.transport = Libp2pTransport(
                 gossip, self.signer, self.validator, s.run_id, peer_timeout=s.rounds.peer_timeout_seconds
             )
             plan = self.node.admitter.plan
             self.transport.rollout_quota = plan.parts if plan is not None else None
+            self.inbox.on_rejected = self.transport.release_quota  # a rejected rollout gives its slot back
             server = None
             if s.status.enabled:
                 server = StatusServer(s.status.host, s.status.port, self.snapshot, self.metrics.registry).start()
@@ -302,12 +305,19 @@ class Daemon:
                         self.transport.blacklist(peer, "blacklisted before the restart (checkpoint)")
                     nursery.start_soon(self.inbox.pump, self.transport.inbound())
                     nursery.start_soon(self._heartbeats)
+                    nursery.start_soon(gossip.exchange_peers, self.known_peers)
                     nursery.start_soon(self._signals, nursery.cancel_scope)
                     await self._rounds()
                     nursery.cancel_scope.cancel()
             finally:
                 with trio.CancelScope(shield=True):
                     await self._shutdown(server)
+
+    def known_peers(self) -> dict[str, tuple[str, ...]]:
+        """Peer exchange: the addresses live peers announce in their signed heartbeats."""
+        assert self.transport is not None
+        live = self.transport.peers()
+        return {p.peer_id: p.listen_addrs for p in self.transport.peer_table() if p.peer_id in live}
 
     async def _open_topics(self, nursery: trio.Nursery) -> None:
         """Subscribe to topics beyond rollouts and control (federated mode's updates); none here."""

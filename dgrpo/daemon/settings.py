@@ -21,6 +21,7 @@ from pydantic_settings import (
 
 from dgrpo.config import RunConfig, Section
 from dgrpo.errors import ConfigError
+from dgrpo.net.traversal_config import TraversalConfig
 from dgrpo.overrides import apply_overrides, explain_validation_error
 
 _TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("dgrpo_toml_file", default=None)
@@ -41,6 +42,10 @@ class NetworkSettings(Section):
     gossip: Annotated[
         dict[str, Any], Field(description="gossipsub tuning (heartbeat, degrees, rate limit, pacing)")
     ] = Field(default_factory=dict)
+    traversal: Annotated[
+        TraversalConfig,
+        Field(description="NAT traversal and discovery: relay service, relays, hole punching, peer target"),
+    ] = TraversalConfig()
 
 
 class RoundSettings(Section):

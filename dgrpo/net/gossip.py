@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Any
@@ -46,10 +46,13 @@ from multiaddr import Multiaddr
 from dgrpo.errors import DgrpoError
 from dgrpo.net.gossip_config import LIBP2P_MAX_RPC_BYTES
 from dgrpo.net.gossip_config import GossipConfig as GossipConfig  # re-exported: the node's settings
-from dgrpo.net.host import dial_addrs, queue_idle, trim_router_state
+from dgrpo.net.host import dial_addrs, forget_dial_failures, queue_idle, resource_manager, trim_router_state
 from dgrpo.net.host import noise_only as noise_only  # re-exported
+from dgrpo.net.peering import Peering
 from dgrpo.net.pubsub import DeliveringPubsub, ReceiptGossipSub
 from dgrpo.net.streams import Stream, StreamError, StreamHandler
+from dgrpo.net.traversal import Traversal, is_circuit
+from dgrpo.net.traversal_config import TraversalConfig
 from dgrpo.protocol.counting import PeerReasons
 
 logger = logging.getLogger(__name__)
@@ -127,9 +130,12 @@ def _peer_id(peer_id: str) -> ID:
 class GossipNode:
     """A gossipsub peer. Create with ``async with GossipNode.open(config, key_pair) as node``."""
 
-    def __init__(self, config: GossipConfig, host: Any) -> None:
+    def __init__(self, config: GossipConfig, host: Any, traversal: TraversalConfig | None = None) -> None:
         self.config = config
         self._host = host
+        self.traversal_config = traversal or TraversalConfig()
+        self.traversal = Traversal(host, self.traversal_config)
+        self.peering = Peering(self.traversal_config, host.get_id().to_base58())
         self.peer_id: str = host.get_id().to_base58()
         router_options: dict[str, Any] = {  # a dict: py-libp2p annotates heartbeat_interval as int; it sleeps on it
             "protocols": [PROTOCOL_ID_V12, PROTOCOL_ID_V11],
@@ -164,23 +170,32 @@ class GossipNode:
 
     @classmethod
     @asynccontextmanager
-    async def open(cls, config: GossipConfig, key_pair: Any) -> AsyncIterator[GossipNode]:
-        """Start host, Pubsub, GossipSub (in that order: a dial before pubsub runs fails), then keep the bootstrap
-        peers dialled in the background. On a clean exit, flush (up to ``shutdown_flush_timeout``). Connections
+    async def open(
+        cls, config: GossipConfig, key_pair: Any, traversal: TraversalConfig | None = None
+    ) -> AsyncIterator[GossipNode]:
+        """Start host, Pubsub, GossipSub (in that order: a dial before pubsub runs fails), NAT traversal
+        (:mod:`dgrpo.net.traversal`: AutoNAT, relay, hole punching), then keep the bootstrap peers dialled in
+        the background. On a clean exit, flush (up to ``shutdown_flush_timeout``). Connections
         are closed explicitly: leaving the host's context only cancels its tasks, and a peer in the same process
         would never see the sockets close."""
         listen = [Multiaddr(config.listen)]
+        tc = traversal or TraversalConfig()
         host = libp2p.new_host(
-            key_pair=key_pair, listen_addrs=listen, muxer_preference="YAMUX", sec_opt=noise_only(key_pair)
+            key_pair=key_pair,
+            listen_addrs=listen,
+            muxer_preference="YAMUX",
+            sec_opt=noise_only(key_pair),
+            resource_manager=resource_manager(tc.max_peers, tc.max_per_ip),
+            enable_mDNS=tc.mdns,
         )
-        node = cls(config, host)
+        node = cls(config, host, tc)
         async with (
             host.run(listen_addrs=listen),
             background_trio_service(node._pubsub),
             background_trio_service(node._router),
         ):
             await node._pubsub.wait_until_ready()
-            async with trio.open_nursery() as nursery:
+            async with node.traversal.running(), trio.open_nursery() as nursery:
                 for addr in config.bootstrap:
                     nursery.start_soon(node._keep_dialled, addr)
                 nursery.start_soon(node._housekeeping)
@@ -200,8 +215,28 @@ class GossipNode:
                     nursery.cancel_scope.cancel()
 
     def listen_addrs(self) -> list[str]:
-        """Full multiaddrs, with the bound port and ``/p2p/<peer id>``."""
+        """What we announce: full multiaddrs ending in ``/p2p/<peer id>``, the ``/p2p-circuit`` ones of the relay
+        slots we hold first, then those we listen on (with the bound port) and those configured."""
+        return self.traversal.announced_addrs([str(addr) for addr in self._host.get_addrs()])
+
+    def local_addrs(self) -> list[str]:
+        """The addresses we listen on, with ``/p2p/<peer id>`` (no circuits)."""
         return [str(addr) for addr in self._host.get_addrs()]
+
+    async def dial(self, peer_id: str, addrs: Sequence[str]) -> str | None:
+        """Connect to ``peer_id`` at ``addrs`` (direct first, then ``/p2p-circuit``): "direct", "relayed" or None."""
+        mine = [a for a in addrs if a.endswith(f"/p2p/{peer_id}")]
+        return await self.traversal.dial(peer_id, mine, self.config.dial_timeout)
+
+    async def exchange_peers(self, known: Callable[[], Mapping[str, Sequence[str]]]) -> None:
+        """Keep ``target_peers`` connections, dialling peers from ``known()`` (peer id -> announced addresses,
+        from heartbeats) as :class:`dgrpo.net.peering.Peering` chooses. Runs until cancelled."""
+        await self.peering.run(
+            known,
+            lambda: {p.to_base58() for p in self._host.get_connected_peers()},
+            self.blacklisted,
+            self.dial,
+        )
 
     def connected_peers(self) -> set[str]:
         """Peers with an open pubsub stream (connected and ready to gossip)."""
@@ -345,10 +380,13 @@ class GossipNode:
         try:
             peer = _peer_id(peer_id)
             if peer not in self._host.get_connected_peers():
-                dial = dial_addrs(peer, addrs)
+                circuits = [a for a in addrs if is_circuit(a) and a.endswith(f"/p2p/{peer_id}")]
+                dial = dial_addrs(peer, [a for a in addrs if not is_circuit(a)])
                 if dial:
                     with trio.fail_after(self.config.dial_timeout):
                         await self._host.connect(PeerInfo(peer, dial))
+                elif circuits:
+                    await self.traversal.dial(peer_id, circuits, self.config.dial_timeout)
             raw = await self._host.new_stream(peer, [TProtocol(protocol)])
         except Exception as error:  # unreachable, protocol not supported, a dial timeout, a bad peer id
             raise StreamError(f"cannot open {protocol} to {peer_id}: {type(error).__name__}: {error}") from error
@@ -475,14 +513,21 @@ class GossipNode:
     async def _keep_dialled(self, addr: str) -> None:
         """Dial a bootstrap peer until connected, backing off exponentially, and again whenever it drops. Failures
         are logged, never raised: an unreachable bootstrap peer must not take the node down."""
-        info = info_from_p2p_addr(Multiaddr(addr))
+        circuit = is_circuit(addr)  # a node behind NAT can offer a testnet through its relay slot
+        target = ID.from_base58(addr.rsplit("/p2p/", 1)[1])
+        info = PeerInfo(target, []) if circuit else info_from_p2p_addr(Multiaddr(addr))
         delay, failures = self.config.bootstrap_backoff_initial, 0
         while info.peer_id != self._host.get_id() and not self._pubsub.is_peer_blacklisted(info.peer_id):
             if info.peer_id not in self._host.get_connected_peers():
                 self._counts["bootstrap_attempts"] += 1
+                forget_dial_failures(self._host, info.peer_id)
                 try:
                     with trio.fail_after(self.config.dial_timeout):
-                        await self._host.connect(info)
+                        if circuit:
+                            if not await self.traversal.client.dial(addr, self.config.dial_timeout):
+                                raise GossipError("relayed dial failed")
+                        else:
+                            await self._host.connect(info)
                 except Exception as error:
                     self._counts["bootstrap_failures"] += 1
                     failures += 1

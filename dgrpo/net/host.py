@@ -3,6 +3,8 @@ addresses from heartbeats, whether an outbound queue is idle, and bounding the r
 
 from __future__ import annotations
 
+import ipaddress
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
@@ -11,6 +13,9 @@ from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pa
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.rcmgr import ResourceLimits, ResourceManager
+from libp2p.rcmgr.cidr_limits import CIDRLimiter
+from libp2p.rcmgr.connection_limits import ConnectionLimits
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from multiaddr import Multiaddr
@@ -50,3 +55,64 @@ def trim_router_state(router: Any, keep: int) -> None:
     router.recent_message_deliveries.clear()  # these three are read only by adaptive gossip, which is off
     router.recent_peer_connections.clear()
     router.recent_peer_disconnections.clear()
+
+
+class PerIPLimiter(CIDRLimiter):
+    """At most ``limit`` connections from any one IP address, in the resource manager's CIDR slot: py-libp2p
+    0.8.1's CIDR limiter bounds fixed subnets only, and Sybils come from a few addresses, not a few subnets.
+    Loopback is exempt (a local testnet's daemons all share 127.0.0.1)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(None)
+        self.limit = limit
+        self._per_ip: Counter[str] = Counter()
+        self.refused = 0
+
+    @staticmethod
+    def _key(endpoint_ip: str | None) -> str | None:
+        try:
+            ip = ipaddress.ip_address(endpoint_ip or "")
+        except ValueError:
+            return None
+        return None if ip.is_loopback else str(ip)
+
+    def allow(self, endpoint_ip: str | None) -> bool:
+        key = self._key(endpoint_ip)
+        return key is None or self._per_ip[key] < self.limit
+
+    def acquire(self, endpoint_ip: str | None) -> bool:
+        key = self._key(endpoint_ip)
+        if key is None:
+            return True
+        with self._lock:
+            if self._per_ip[key] >= self.limit:
+                self.refused += 1
+                return False
+            self._per_ip[key] += 1
+            return True
+
+    def release(self, endpoint_ip: str | None) -> None:
+        key = self._key(endpoint_ip)
+        if key is not None:
+            with self._lock:
+                self._per_ip[key] -= 1
+                if self._per_ip[key] <= 0:
+                    del self._per_ip[key]
+
+
+def resource_manager(max_peers: int, max_per_ip: int, max_per_peer: int = 4) -> ResourceManager:
+    """py-libp2p's resource manager bounding connections in total, per peer and per IP (:class:`PerIPLimiter`)."""
+    manager = ResourceManager(
+        limits=ResourceLimits(max_connections=max_peers),
+        connection_limits=ConnectionLimits(max_established_per_peer=max_per_peer, max_established_total=max_peers),
+        enable_rate_limiting=False,  # a relay's clients reconnect in bursts after it restarts
+    )
+    manager.cidr_limiter = PerIPLimiter(max_per_ip)
+    return manager
+
+
+def forget_dial_failures(host: Any, peer: Any) -> None:
+    """Drop py-libp2p's 60 s "recently failed all addresses" entry for ``peer``: our own redial backoff decides
+    when to try again, and a relay or bootstrap that restarted must be reachable again at once."""
+    with suppress(Exception):
+        host.get_network()._negative_peer_cache.evict(str(peer))

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""A home-router NAT lab from network namespaces (root; iproute2 and nftables; standard library only).
+
+The topology of libp2p's own hole-punch interop tests (libp2p/test-plans, ``hole-punch-interop``):
+
+    <p>-inet   the "internet": a bridge 203.0.113.0/24 (TEST-NET-3); the public node runs here at .1
+    <p>-r1     home router 1: WAN 203.0.113.11, LAN 10.0.1.1/24, NAT (nftables masquerade)
+    <p>-h1     home 1: 10.0.1.2, default route via its router
+    <p>-r2     home router 2: WAN 203.0.113.12, LAN 10.0.2.1/24
+    <p>-h2     home 2: 10.0.2.2
+
+``--nat cone`` (default) is ``masquerade``: Linux keeps the source port where it can, an endpoint-independent
+mapping, so TCP hole punching works. ``--nat symmetric`` is ``masquerade fully-random``: every connection gets
+a random port, so a hole punch cannot succeed. Either way a router drops unsolicited inbound connections into
+its LAN (``ct state new drop``), as a home router does.
+
+Nothing here touches the host's interfaces: the namespaces are joined only to each other, and ``down`` deletes
+them. Usage::
+
+    sudo scripts/natlab.py up [--prefix nl] [--nat cone|symmetric]
+    sudo ip netns exec nl-h1 <command>      # run something in home 1
+    sudo scripts/natlab.py down [--prefix nl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+PUBLIC_NET = "203.0.113"
+
+
+@dataclass(frozen=True)
+class Lab:
+    prefix: str = "nl"
+    nat: str = "cone"  # cone (port-preserving masquerade) or symmetric (masquerade fully-random)
+    homes: int = 2
+
+    @property
+    def inet(self) -> str:
+        return f"{self.prefix}-inet"
+
+    def router(self, i: int) -> str:
+        return f"{self.prefix}-r{i}"
+
+    def home(self, i: int) -> str:
+        return f"{self.prefix}-h{i}"
+
+    @property
+    def public_ip(self) -> str:
+        return f"{PUBLIC_NET}.1"
+
+    def wan_ip(self, i: int) -> str:
+        return f"{PUBLIC_NET}.{10 + i}"
+
+    def home_ip(self, i: int) -> str:
+        return f"10.0.{i}.2"
+
+    def namespaces(self) -> list[str]:
+        homes = range(1, self.homes + 1)
+        return [self.inet, *(self.router(i) for i in homes), *(self.home(i) for i in homes)]
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), check=check, capture_output=True, text=True)
+
+
+def _ns(ns: str, *args: str) -> None:
+    _run("ip", "netns", "exec", ns, *args)
+
+
+def unavailable() -> str | None:
+    """Why the lab cannot be built here, or None."""
+    import os
+
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool!r} is not installed (apt-get install iproute2 nftables; scripts/install.sh does)"
+    probe = "dgrpo-probe-ns"
+    made = _run("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def up(lab: Lab) -> None:
+    down(lab)
+    for ns in lab.namespaces():
+        _run("ip", "netns", "add", ns)
+        _ns(ns, "ip", "link", "set", "lo", "up")
+    p = lab.prefix
+    _ns(lab.inet, "ip", "link", "add", "br0", "type", "bridge")
+    _ns(lab.inet, "ip", "addr", "add", f"{lab.public_ip}/24", "dev", "br0")
+    _ns(lab.inet, "ip", "link", "set", "br0", "up")
+    masquerade = "masquerade fully-random" if lab.nat == "symmetric" else "masquerade"
+    for i in range(1, lab.homes + 1):
+        router, home = lab.router(i), lab.home(i)
+        # WAN: router <-> the internet's bridge. Interface names are made in the router and moved, so two labs
+        # with different prefixes never collide in the root namespace (nothing stays there).
+        _run("ip", "-n", router, "link", "add", "wan", "type", "veth", "peer", "name", f"{p}w{i}")
+        _run("ip", "-n", router, "link", "set", f"{p}w{i}", "netns", lab.inet)
+        _ns(lab.inet, "ip", "link", "set", f"{p}w{i}", "master", "br0")
+        _ns(lab.inet, "ip", "link", "set", f"{p}w{i}", "up")
+        _ns(router, "ip", "addr", "add", f"{lab.wan_ip(i)}/24", "dev", "wan")
+        _ns(router, "ip", "link", "set", "wan", "up")
+        # LAN: router <-> home.
+        _run("ip", "-n", router, "link", "add", "lan", "type", "veth", "peer", "name", "eth0")
+        _run("ip", "-n", router, "link", "set", "eth0", "netns", home)
+        _ns(router, "ip", "addr", "add", f"10.0.{i}.1/24", "dev", "lan")
+        _ns(router, "ip", "link", "set", "lan", "up")
+        _ns(home, "ip", "addr", "add", f"{lab.home_ip(i)}/24", "dev", "eth0")
+        _ns(home, "ip", "link", "set", "eth0", "up")
+        _ns(home, "ip", "route", "add", "default", "via", f"10.0.{i}.1")
+        _ns(router, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        rules = f"""
+table ip nat {{
+    chain post {{ type nat hook postrouting priority 100; oifname "wan" {masquerade}; }}
+}}
+table ip filter {{
+    chain forwarding {{
+        type filter hook forward priority 0; policy accept;
+        ct state established,related accept
+        iifname "wan" ct state new drop
+    }}
+    chain inbound {{
+        type filter hook input priority 0; policy accept;
+        ct state established,related accept
+        iifname "wan" ct state new drop
+    }}
+}}
+"""
+        subprocess.run(["ip", "netns", "exec", router, "nft", "-f", "-"], input=rules, check=True, text=True)
+
+
+def down(lab: Lab) -> None:
+    existing = _run("ip", "netns", "list", check=False).stdout.split()
+    for ns in lab.namespaces():
+        if ns in existing:
+            _run("ip", "netns", "del", ns, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["up", "down", "check"])
+    parser.add_argument("--prefix", default="nl", help="namespace name prefix (keep it short: 1-6 letters)")
+    parser.add_argument("--nat", choices=["cone", "symmetric"], default="cone")
+    args = parser.parse_args(argv)
+    lab = Lab(args.prefix, args.nat)
+    why = unavailable()
+    if why is not None:
+        print(f"natlab: {why}", file=sys.stderr)
+        return 2
+    if args.action == "up":
+        up(lab)
+        print(f"public node: ip netns exec {lab.inet} ...  (address {lab.public_ip})")
+        for i in range(1, lab.homes + 1):
+            print(f"home {i}: ip netns exec {lab.home(i)} ...  (address {lab.home_ip(i)}, behind {lab.wan_ip(i)})")
+    elif args.action == "down":
+        down(lab)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
