@@ -252,6 +252,48 @@ def node_run(
     run_daemon(load_node_settings(config, sets), resume=resume, allow_fresh=allow_fresh)
 
 
+@command(node_app, "join")
+def node_join(
+    bootstrap: Annotated[str, typer.Argument(help="a node of the run: /ip4/.../tcp/.../p2p/<peer id>")],
+    state_dir: Annotated[Path | None, typer.Option(help="keys, nonce, checkpoints, status, the run's manifest")] = None,
+    overrides: SetOption = None,
+    listen: Annotated[str | None, typer.Option(help="listen multiaddr, e.g. /ip4/0.0.0.0/tcp/4001")] = None,
+    manifest_sha256: Annotated[
+        str | None, typer.Option(help="refuse any run manifest but this one (its SHA-256, from the run's creator)")
+    ] = None,
+) -> None:
+    """Join the run a node serves: fetch and verify its signed run manifest, check this machine's base model
+    against it, and run a daemon of that run (exit 2, naming what differs, where this node cannot)."""
+    import json as _json
+
+    from dgrpo.daemon.daemon import run_daemon
+    from dgrpo.daemon.join import DEFAULT_STATE_DIR, fetch_run_manifest, join_settings
+    from dgrpo.daemon.run_manifest import joining
+
+    sets = list(overrides or [])
+    if state_dir is not None:
+        sets.append(f"state_dir={_json.dumps(str(state_dir))}")
+    if listen is not None:
+        sets.append(f"network.listen={_json.dumps(listen)}")
+    signed = fetch_run_manifest(bootstrap, state_dir or DEFAULT_STATE_DIR, manifest_sha256)
+    m = signed.manifest
+    console.print(
+        f"run {m.run_id!r} by {m.creator_peer_id}: model {m.model_id}, task {m.config['task']['name']}, "
+        f"manifest sha256 {signed.sha256}"
+    )
+    settings = join_settings(signed, bootstrap, sets)
+    _daemon_logging()
+    with joining(signed):
+        run_daemon(settings)
+
+
+def _daemon_logging() -> None:
+    logging.getLogger("dgrpo").setLevel(logging.INFO)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 @command(app)
 def keygen(
     path: Annotated[Path, typer.Argument(help="where to write the Ed25519 identity key (PEM, mode 0600)")],
@@ -365,7 +407,7 @@ def testnet_up(
 
     from rich.live import Live
 
-    from dgrpo.daemon.testnet import start_testnet, stop_nodes, wait_rounds
+    from dgrpo.daemon.testnet import join_command, start_testnet, stop_nodes, wait_rounds
 
     if mode not in ("homogeneous", "heterogeneous", "federated"):
         raise ConfigError(f"unknown mode {mode!r}; valid modes: federated, heterogeneous, homogeneous")
@@ -397,6 +439,7 @@ def testnet_up(
     nodes = start_testnet(n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack)
     names = [f"node-{nd.index}" + (f" ({attack[0]})" if attack and nd.index >= n - attack[1] else "") for nd in nodes]
     console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")
+    console.print(f"another machine joins with: {join_command(nodes[0])}")
     if background:
         console.print(f"running in the background; `dgrpo status {out}/node-0`, `dgrpo testnet down --out {out}`")
         return

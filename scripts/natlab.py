@@ -25,10 +25,16 @@ them. Usage::
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 PUBLIC_NET = "203.0.113"
 
@@ -143,6 +149,77 @@ def down(lab: Lab) -> None:
     for ns in lab.namespaces():
         if ns in existing:
             _run("ip", "netns", "del", ns, check=False)
+
+
+@dataclass
+class NsNode:
+    """A ``dgrpo node run`` daemon inside one namespace of the lab."""
+
+    name: str
+    ns: str
+    state_dir: Path
+    process: subprocess.Popen[bytes]
+
+    def node_file(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self.state_dir / "node.json").read_text())
+            return data
+        except (OSError, ValueError):
+            return None
+
+    def status(self) -> dict[str, Any] | None:
+        """Its ``/status``, fetched from inside its namespace (the status server listens on its 127.0.0.1)."""
+        info = self.node_file()
+        if not info or not info.get("status_url"):
+            return None
+        got = _run("ip", "netns", "exec", self.ns, "curl", "-s", "-m", "5", info["status_url"] + "/status", check=False)
+        try:
+            data: dict[str, Any] = json.loads(got.stdout)
+            return data
+        except ValueError:
+            return None
+
+    def public_addr(self, prefix: str) -> str:
+        """Its announced address that starts with ``prefix`` (e.g. ``/ip4/203.0.113.1/``)."""
+        info = self.node_file() or {}
+        return next(a for a in info.get("listen_addrs", []) if a.startswith(prefix))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def launch(name: str, ns: str, state_dir: Path, args: list[str], python: str = sys.executable) -> NsNode:
+    """Start ``python -m dgrpo node run ARGS --state-dir STATE_DIR`` in ``ns``; its output goes to node.log."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "node.json").unlink(missing_ok=True)
+    log = (state_dir / "node.log").open("ab")
+    cmd = ["ip", "netns", "exec", ns, python, "-m", "dgrpo", "node", "run", "--state-dir", str(state_dir), *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return NsNode(name, ns, state_dir, process)
+
+
+def wait_for(predicate: Any, timeout: float, what: str, nodes: list[NsNode] = ()) -> None:  # type: ignore[assignment]
+    """Poll ``predicate`` (bounded); on timeout raise naming ``what``, with the tail of each node's log."""
+    t0 = time.time()
+    while not predicate():
+        dead = [n for n in nodes if n.process.poll() is not None]
+        if time.time() - t0 > timeout or dead:
+            tails = "\n".join(
+                f"--- {n.name} (exit {n.process.poll()}):\n"
+                + "\n".join((n.state_dir / "node.log").read_text(errors="replace").splitlines()[-25:])
+                for n in nodes
+            )
+            why = f"{[n.name for n in dead]} exited" if dead else f"timed out after {timeout:.0f} s"
+            raise TimeoutError(f"{why} waiting for {what}\n{tails}")
+        time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,7 @@ BYTES_EXAMPLES = 3_000
 MAP_EXAMPLES = 3_000
 MUTATION_EXAMPLES = 4_000  # 10,000 in all
 FUZZ = settings(deadline=None, derandomize=True, database=None)
+TS_OFFSETS_MS = (-(10**6), -(2 * 10**5), -1, 1, 2 * 10**5, 10**6)  # the default clock skew is 120 s
 
 CLOCK = FakeClock()
 _SIGNER = memory_signer(CLOCK)
@@ -181,6 +182,10 @@ def envelope_maps(draw: st.DrawFn) -> dict[str, Any]:
         return out
 
     mutated = mutate(wire) if draw(st.booleans()) else dict(wire)
+    if "ts" in mutated and draw(st.integers(0, 7)) == 0:
+        # The clock checks, on purpose: a timestamp moved past the skew either way (stale, future) or within
+        # it. Mutations alone reached "stale" a few times in 3,000 examples and on some runs never "future".
+        mutated["ts"] = max(0, wire["ts"] + draw(st.sampled_from(TS_OFFSETS_MS)))
     if isinstance(mutated.get("body"), dict) and mutated["body"] and draw(st.booleans()):
         mutated["body"] = mutate(mutated["body"])
     if draw(st.booleans()):
@@ -206,6 +211,7 @@ def test_structured_maps() -> None:
     assert sum(seen.values()) == MAP_EXAMPLES
     # the maps reach every stage: decoding, the schema, the later checks and (re-signed) acceptance
     assert {"schema", "wrong_kind", "future", "stale", "bad_signature", None} <= set(seen), seen
+    assert min(seen["stale"], seen["future"]) >= 10, seen  # not by a fluke of the draw
 
 
 # ----------------------------------------------------------------------------- (3) mutations of a signed message

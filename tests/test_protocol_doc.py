@@ -367,3 +367,91 @@ def test_gossipsub_parameters_and_stack(doc: str) -> None:
     assert offered == ["/noise"] and stack["security"].startswith("`/noise` only")
     assert f"`{sync_protocol('RUN').replace('RUN', '<run>')}`" in stack["request/response"]
     assert "`from || seqno`" in doc
+
+
+# ------------------------------------------------------------------------------ canonical text, weights digest
+EMBEDDED_TOKENIZER_SHA256 = "9016f2d8f65d55c0c28666bdd86dae525f512e68101afc415cf70c714ab469c7"
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+def _canonical_as_documented(text: str) -> str:
+    """The rule of "Canonical text": cut the special-token strings out in one pass, keep LF and U+0020..U+007E."""
+    kept = re.split("|".join(map(re.escape, SPECIAL_TOKENS)), text)
+    return "".join(c for c in "".join(kept) if c == "\n" or " " <= c <= "~")
+
+
+def test_the_embedded_tokenizer_is_the_documented_one(doc: str) -> None:
+    from dgrpo.learner.models import embedded_models
+
+    folders = embedded_models()
+    assert {f"`{name}`" for name in folders} <= set(re.findall(r"`dgrpo:[\w-]+`", doc))
+    for folder in folders.values():
+        data = (folder / "tokenizer.json").read_bytes()
+        assert hashlib.sha256(data).hexdigest() == EMBEDDED_TOKENIZER_SHA256, folder
+    assert EMBEDDED_TOKENIZER_SHA256 in doc and f"({len(data)} bytes)" in doc
+    spec = json.loads(data)
+    vocab = spec["model"]["vocab"]
+    expected = {t: i for i, t in enumerate(SPECIAL_TOKENS)} | {"Ġ": 4, "Ċ": 99}
+    expected |= {chr(c): c - 28 for c in range(0x21, 0x7F)}
+    assert vocab == expected and spec["model"]["merges"] == [] and spec["normalizer"] is None
+    assert [t["content"] for t in spec["added_tokens"] if t["special"]] == list(SPECIAL_TOKENS)
+
+
+def test_canonical_text_vectors(doc: str) -> None:
+    """The document's vectors, against the embedded tokenizer's round trip as the learner does it, and the
+    document's rule against the tokenizer on random text (so that a receiver can check it without one)."""
+    from transformers import AutoTokenizer
+
+    from dgrpo.learner.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("dgrpo:tiny-arith"))
+
+    def round_trip(text: str) -> tuple[str, list[int]]:  # Learner.canonical_text
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return tokenizer.decode(ids, skip_special_tokens=True), list(ids)
+
+    lines = _vector_block(doc, "canonical-text")
+    assert len(lines) >= 8
+    for line in lines:
+        match = re.fullmatch(r'(".*") -> (".*") ids ?([\d ]*)', line)
+        assert match, line
+        text, canonical = json.loads(match.group(1)), json.loads(match.group(2))
+        assert round_trip(text) == (canonical, [int(i) for i in match.group(3).split()]), line
+        assert _canonical_as_documented(text) == canonical, line
+    rng = random.Random(7)
+    alphabet = ["\n", "\t", "\r", " ", "é", "€", "Ġ", "\x00", "\x7f", *SPECIAL_TOKENS, "<", ">", "e", "os"]
+    alphabet += [chr(c) for c in range(0x21, 0x7F)]
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+        assert _canonical_as_documented(text) == round_trip(text)[0], repr(text)
+
+
+def test_weights_digest_vectors(doc: str) -> None:
+    import struct
+    import types
+
+    import torch
+    from safetensors.torch import load_file
+
+    from dgrpo.config import ModelConfig
+    from dgrpo.learner.learner import Learner
+    from dgrpo.learner.models import load_model, resolve_model
+
+    def digest(state: dict[str, torch.Tensor]) -> str:  # the reference, on any state dict
+        model = types.SimpleNamespace(state_dict=lambda: state)
+        return str(Learner.weights_digest(types.SimpleNamespace(model=model)))  # type: ignore[arg-type]
+
+    lines = _vector_block(doc, "weights-digest")
+    state = {"b.bias": torch.tensor([-0.5]), "a.weight": torch.tensor([[1.0, 2.0], [3.0, 4.0]])}
+    as_documented = b"a.weight" + struct.pack("<4f", 1, 2, 3, 4) + b"b.bias" + struct.pack("<f", -0.5)
+    assert lines[1] == 'bytes "a.weight" 0000803f 00000040 00004040 00008040 "b.bias" 000000bf'
+    assert lines[2] == f"sha256 {hashlib.sha256(as_documented).hexdigest()}" == f"sha256 {digest(state)}"
+    folder = Path(resolve_model("dgrpo:tiny-arith"))
+    loaded = load_model(ModelConfig(name="dgrpo:tiny-arith", device="cpu", dtype="float32")).model
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]  # tied, as the document says
+    assert set(tensors) == set(loaded.state_dict())
+    from_file = digest(tensors)
+    assert lines[3] == f"dgrpo:tiny-arith, initial weights, float32: {from_file}"
+    assert digest(loaded.state_dict()) == from_file
+    assert hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest() in doc

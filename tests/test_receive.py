@@ -96,3 +96,39 @@ def test_before_its_first_round_a_node_keeps_the_newest_rounds_it_hears_of() -> 
     assert [r.round for r in inbox.take(16)] == [16]
     assert inbox.rejected == {"closed_round": 2}
     assert inbox.add(rollout("a", 20)) == "future_round"  # opened: the usual bound again
+
+
+def test_a_round_says_whether_it_closed_at_quorum_or_at_its_deadline() -> None:
+    """The daemon's log line for expected peers it trained nothing from depends on it: "closed at its deadline"
+    was logged for a round that closed at quorum (every peer delivered, then its rollouts were rejected)."""
+    from dataclasses import dataclass
+    from typing import Any, cast
+
+    from dgrpo.round.outcome import RoundOutcome
+    from dgrpo.round.run import run_round
+
+    @dataclass
+    class Listener:  # a node that publishes nothing and trains on nothing: only the round's timing is tested
+        def produce(self, round_idx: int, limiter: Any = None) -> list[Rollout]:
+            return []
+
+        def consume(self, round_idx: int, rollouts: Any, limiter: Any = None) -> RoundOutcome:
+            none = cast(Any, None)
+            return RoundOutcome("me", round_idx, none, none, None, none, None, 0.0)
+
+    async def main() -> None:
+        inbox = RoundInbox()
+        node, transport = cast(Any, Listener()), cast(Any, None)
+
+        async def arrive() -> None:
+            await trio.sleep(1.0)  # once the round is open
+            inbox.add(rollout("a", 1))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(arrive)
+            outcome = await run_round(node, transport, inbox, 1, {"a"}, 30.0)
+        assert not outcome.at_deadline
+        outcome = await run_round(node, transport, inbox, 2, {"a"}, 30.0)  # "a" never sends round 2
+        assert outcome.at_deadline
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.1))

@@ -28,8 +28,10 @@ import trio
 from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.daemon.identity import check_resume, load_identity
+from dgrpo.daemon.manifest_exchange import ManifestService
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
+from dgrpo.daemon.run_manifest import base_weights, hold_manifest
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
 from dgrpo.errors import ConfigError
@@ -82,6 +84,8 @@ class Daemon:
         task = get_task(settings.task.name, **settings.task.options)
         self.node = build_node(settings, self.peer_id, settings.run_id, task, adversary=settings.adversary)
         self.learner = self.node.learner
+        # Before any checkpoint is restored: the manifest names the weights every node of the run starts from.
+        self.manifest = ManifestService(*hold_manifest(settings, self.identity, base_weights(self.learner)))
         self.reputation = self.node.reputation
         self.metrics = NodeMetrics()
         self.counters = NodeCounters()
@@ -268,6 +272,7 @@ class Daemon:
             "weights_sha256": self.learner.weights_digest() if self.state == "stopped" else None,
             "last_errors": list(self.errors),
             "status_url": self.status_url,
+            "manifest": self.manifest.snapshot(),
         }
 
     def write_node_file(self) -> None:
@@ -285,6 +290,7 @@ class Daemon:
         keys = self.identity.to_libp2p_keypair()
         async with GossipNode.open(gossip_cfg, keys, s.network.traversal) as gossip:
             self.gossip = gossip
+            self.manifest.serve(gossip)
             self.transport = Libp2pTransport(
                 gossip, self.signer, self.validator, s.run_id, peer_timeout=s.rounds.peer_timeout_seconds
             )
@@ -306,6 +312,7 @@ class Daemon:
                     nursery.start_soon(self.inbox.pump, self.transport.inbound())
                     nursery.start_soon(self._heartbeats)
                     nursery.start_soon(gossip.exchange_peers, self.known_peers)
+                    nursery.start_soon(self.manifest.audit, gossip)
                     nursery.start_soon(self._signals, nursery.cancel_scope)
                     await self._rounds()
                     nursery.cancel_scope.cancel()
@@ -466,8 +473,10 @@ class Daemon:
             if outcome.departed:
                 log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, outcome.departed)
             missing = expected - outcome.authors - set(outcome.departed)
-            if missing:
+            if missing and outcome.at_deadline:
                 self._error(f"round {outcome.round} closed at its deadline without {sorted(missing)}")
+            elif missing:  # all delivered (quorum), but nothing of theirs was trained on: rejected on the way
+                self._error(f"round {outcome.round} closed by quorum; nothing trained from {sorted(missing)}")
             self.replay.save(self.replay_path)
             if self.rounds_done % self.settings.checkpoint.every == 0:
                 await trio.to_thread.run_sync(self.save_checkpoint)

@@ -166,6 +166,20 @@ def tcp_address(node: NetNode) -> str:
     return next(str(a) for a in info.get("listen_addrs", []) if "/tcp/" in str(a))
 
 
+def join_command(node: NetNode) -> str:
+    """What another machine runs to join the testnet of ``node`` (its run manifest pinned by SHA-256). The
+    address is the first routable one it listens on (a testnet listens on 127.0.0.1 unless
+    ``--set network.listen='/ip4/0.0.0.0/tcp/0'``)."""
+    from dgrpo.daemon.run_manifest import MANIFEST_FILE, load_manifest
+
+    info = read_node_file(node.state_dir) or {}
+    addrs = [str(a) for a in info.get("listen_addrs", []) if "/tcp/" in str(a) and "/p2p-circuit" not in str(a)]
+    public = [a for a in addrs if not a.startswith(("/ip4/127.", "/ip6/::1/"))]
+    signed = load_manifest(node.state_dir / MANIFEST_FILE)
+    pin = f" --manifest-sha256 {signed.sha256}" if signed is not None else ""
+    return f"dgrpo node join {(public or addrs or ['<address>'])[0]}{pin}"
+
+
 def start_testnet(
     n: int,
     out: Path,

@@ -20,7 +20,7 @@ import trio
 from dgrpo.net.gossip import OVERSIZE_RPC, GossipMessage, GossipNode, drained
 from dgrpo.net.transport import DROP_REASONS, Transport, TransportStatistics
 from dgrpo.protocol.counting import PeerReasons, merge
-from dgrpo.protocol.envelope import Envelope, HeartbeatBody, Signer, to_rollout
+from dgrpo.protocol.envelope import Envelope, HeartbeatBody, RolloutBody, Signer, to_rollout
 from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.messages import Rollout
 from dgrpo.protocol.topics import control_topic, rollout_topic
@@ -66,9 +66,9 @@ class Libp2pTransport(Transport):
         # gossipsub validators are synchronous; blacklisting (which disconnects) is async, so it is queued.
         self._to_blacklist, self._blacklist_queue = trio.open_memory_channel[str](1024)
         self._blacklisting: set[str] = set()
-        # Rollouts per author and round passed so far (``_within_quota``); None: no quota (no plan).
+        # The parts of each (author, round) let through so far (``_within_quota``); None: no quota (no plan).
         self.rollout_quota: int | None = None
-        self._per_round: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._per_round: OrderedDict[tuple[str, int], set[int]] = OrderedDict()
         self._over_quota = PeerReasons(validator.limits.max_tracked_peers)
 
     # ----------------------------------------------------------------- validation (runs inside gossipsub)
@@ -89,23 +89,37 @@ class Libp2pTransport(Transport):
         return check
 
     def _within_quota(self, env: Envelope, author: str) -> bool:
-        """At most ``rollout_quota`` (the plan's parts) rollouts per author and round pass gossipsub's validation.
-        Checked here, not only on arrival at the round: a rejected message is not forwarded, so one flooder's
-        surplus never fills the honest peers' outbound queues (a flood forwarded by every node made py-libp2p
-        drop honest rollouts there, and rounds closed at their deadline). Each one over is a penalty."""
-        if self.rollout_quota is None:
+        """At most ``rollout_quota`` (the plan's parts) rollouts per author and round pass gossipsub's validation,
+        one per part number: each takes its part's slot. Checked here, not only on arrival at the round: a refused
+        message is not forwarded, so one flooder's surplus never fills the honest peers' outbound queues (a flood
+        forwarded by every node made py-libp2p drop honest rollouts there, and rounds closed at their deadline).
+        A second message for a part whose slot is taken, or a new part once ``rollout_quota`` are taken, is
+        ``over_quota``: a penalty. Slots are per part, not a count, so that a refused copy takes none."""
+        if self.rollout_quota is None or not isinstance(env.body, RolloutBody):
             return True
         key = (author, env.round)
-        held = self._per_round.get(key, 0)
-        if held >= self.rollout_quota:
+        held = self._per_round.setdefault(key, set())
+        self._per_round.move_to_end(key)
+        if env.body.part in held or len(held) >= self.rollout_quota:
             self._over_quota.add(author, OVER_QUOTA)
             self._blacklist_if_penalised(author, OVER_QUOTA)
             return False
-        self._per_round[key] = held + 1
-        self._per_round.move_to_end(key)
+        held.add(env.body.part)
         while len(self._per_round) > MAX_QUOTA_KEYS:
             self._per_round.popitem(last=False)
         return True
+
+    def release_quota(self, rollout: Rollout, reason: str) -> None:
+        """The receive stage did not keep ``rollout`` (``reason``): it gives its slot back. A message that is
+        rejected must not use up its author's quota: a rollout that arrived for a round the receiver could not
+        hold yet (``future_round``) took the slot of that part, and the author's honest message for it was later
+        refused as ``over_quota``, its round ``incomplete`` and every node waited for the deadline. A
+        ``duplicate_part`` holds no slot of its own (the slot is the kept first copy's) and gives nothing back."""
+        if reason == "duplicate_part":
+            return
+        held = self._per_round.get((rollout.author, rollout.round))
+        if held is not None:
+            held.discard(rollout.part)
 
     def _blacklist_if_penalised(self, peer: str, reason: str) -> None:
         """Blacklist ``peer`` once its penalised rejections, the validator's and the gossip layer's (an RPC over

@@ -35,6 +35,7 @@ from libp2p.pubsub.utils import safe_bytes_from_hex
 from libp2p.utils.varint import decode_uvarint, read_varint_prefixed_bytes_limited
 
 logger = logging.getLogger("dgrpo.net.gossip")  # the node's logger: these are its warnings
+RECEIPT_TOPIC = "dgrpo/read-receipt"  # named in read receipts, never subscribed to (docs/protocol.md)
 
 
 # The forwarder of the message being pushed. Every push runs in its own task (or in the publisher's), and trio
@@ -185,7 +186,8 @@ class DeliveringPubsub(Pubsub):
 
 class ReceiptGossipSub(GossipSub):
     """GossipSub with read receipts. Gossipsub has no acknowledgement, but a peer reads our RPCs in order and
-    answers an IHAVE of an unknown message id with an IWANT: that IWANT proves it has read all we sent before."""
+    answers an IHAVE of an unknown message id (for a topic it joined, in go and js; for any, in py-libp2p) with
+    an IWANT: that IWANT proves it has read all we sent before."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -199,11 +201,25 @@ class ReceiptGossipSub(GossipSub):
             self.dropped_to_peer[peer_id.to_base58()] += len(rpc.publish)
         super()._handle_dropped_rpc(peer_id, rpc, reason)
 
+    def receipt_topics(self, peer: ID) -> list[str]:
+        """The topics a read-receipt IHAVE names: ``RECEIPT_TOPIC``, which py-libp2p answers (it answers an IHAVE
+        for any topic), and the first (sorted) topic ``peer`` announced it subscribes to. go-libp2p-pubsub and
+        js-libp2p's gossipsub ignore an IHAVE for a topic they have not joined, so without the second a peer
+        running them would never answer, and every shutdown would wait ``shutdown_flush_timeout`` for it."""
+        subscribed = getattr(self.pubsub, "peer_topics", {})
+        joined = sorted(topic for topic, peers in subscribed.items() if peer in peers)
+        return [RECEIPT_TOPIC, *joined[:1]]
+
     async def read_receipt(self, peer: ID) -> None:
+        """Wait until ``peer`` has read every RPC we sent it before; the caller bounds the wait (a peer that
+        never answers only delays our shutdown by that bound)."""
         token = b"\xff" + secrets.token_bytes(15)  # not ASCII, so py-libp2p does not try to parse it as hex
         event = self._receipts[(peer, token)] = trio.Event()
         try:
-            await self.emit_ihave("dgrpo/read-receipt", [token], peer)
+            control = rpc_pb2.ControlMessage()
+            for topic in self.receipt_topics(peer):  # one token: the first IWANT for it is the receipt
+                control.ihave.append(rpc_pb2.ControlIHave(topicID=topic, messageIDs=[token]))
+            await self.emit_control_message(control, peer)
             await event.wait()
         finally:
             del self._receipts[(peer, token)]

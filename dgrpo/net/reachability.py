@@ -81,6 +81,7 @@ class Reachability:
     no_answer: dict[str, str] = field(default_factory=dict)  # server -> why it gave no verdict
 
     def record(self, server: str, status: int) -> None:
+        self.no_answer.pop(server, None)
         if status == Message.OK:
             self.verdicts[server] = (True, time.time())
         elif status == Message.E_DIAL_ERROR:
@@ -147,7 +148,7 @@ async def ask(service: DialBackAutoNAT, server: ID, addrs: Sequence[Multiaddr], 
         status, _ = await service.query_server(server, [a.to_bytes() for a in addrs], timeout=timeout)
         return status
     except Exception as error:
-        log.debug("AutoNAT query to %s failed: %s", server, error)
+        log.info("AutoNAT query to %s gave no verdict: %s: %s", server, type(error).__name__, error)
         return None
 
 

@@ -97,9 +97,13 @@ class Traversal:
             for peer, conns in list(self.host.get_network().connections.items())
             if any(connection_kind(c) == "direct" for c in conns) and supports_autonat(self.host, peer)
         ][:MAX_AUTONAT_SERVERS]
+        # The server dials each candidate on our observed IP in turn, each for up to dial_back_timeout.
+        timeout = self.config.dial_back_timeout * max(1, len(candidates)) + 10
         for server in servers:
-            status = await ask(self.autonat, server, candidates, timeout=self.config.dial_back_timeout + 5)
-            if status is not None:
+            status = await ask(self.autonat, server, candidates, timeout=timeout)
+            if status is None:
+                self.reachability.no_answer[server.to_base58()] = "no_answer"
+            else:
                 self.reachability.record(server.to_base58(), status)
         return self.reachability.status
 

@@ -55,11 +55,13 @@ class RolloutBody(WireModel):
 
     part: Annotated[int, Field(ge=0)]
     parts: Annotated[int, Field(ge=1)]
-    prompt_id: Annotated[str, Field(min_length=1, max_length=256)]
+    # No length bound here: an id over MAX_ID_CHARS (or max_string_chars) is the validator's string_too_long,
+    # as for every identifier, not "schema" (which would fire first and hide the limit's own reason).
+    prompt_id: Annotated[str, Field(min_length=1)]
     prompt: str
     completions: tuple[str, ...]
     indices: tuple[Annotated[int, Field(ge=0, lt=2**32)], ...]
-    model_id: Annotated[str, Field(max_length=256)]
+    model_id: str
     weights: Annotated[str, Field(pattern=WEIGHTS_PATTERN)]
     sampling: WireSamplingParams
     split: SplitMode

@@ -33,8 +33,8 @@ class Limits(BaseModel):
         int,
         Field(
             ge=1,
-            description="characters in an identifier (prompt id, model id, listen address); the schema caps "
-            "prompt and model ids at 256 regardless",
+            description="characters in an identifier (prompt id, model id, listen address, a global's client); "
+            "prompt and model ids are capped at 256 and clients at 128 regardless, with the same reason",
         ),
     ] = 256
     clock_skew_seconds: Annotated[

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 SplitMode = Literal["horizontal", "vertical"]
 # SHA-256 of the author's weights when it sampled, as 64 lowercase hex digits; empty: not announced.
 WEIGHTS_PATTERN = r"^([0-9a-f]{64})?$"
+# The protocol's fixed cap on prompt and model ids; ``Limits.max_string_chars`` may lower it. On the wire the
+# validator checks it (``string_too_long``), so a rollout envelope's ids carry no length bound of their own.
+MAX_ID_CHARS = 256
 
 
 class StrictModel(BaseModel):
@@ -49,11 +52,11 @@ class Rollout(StrictModel):
     round: Annotated[int, Field(ge=0)]
     part: Annotated[int, Field(ge=0)]
     parts: Annotated[int, Field(ge=1)]
-    prompt_id: Annotated[str, Field(min_length=1, max_length=256)]
+    prompt_id: Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
     prompt: str
     completions: tuple[str, ...]
     indices: tuple[Annotated[int, Field(ge=0)], ...]
-    model_id: Annotated[str, Field(max_length=256)]
+    model_id: Annotated[str, Field(max_length=MAX_ID_CHARS)]
     weights: Annotated[str, Field(pattern=WEIGHTS_PATTERN)]
     sampling: SamplingParams
     split: SplitMode

@@ -61,9 +61,8 @@ class GlobalBody(_Chunk):
 
     mean: float
     std: float
-    clients: Annotated[
-        tuple[Annotated[str, Field(min_length=1, max_length=MAX_CLIENT_CHARS)], ...], Field(max_length=MAX_CLIENTS)
-    ]
+    # Each client's length (MAX_CLIENT_CHARS, or max_string_chars) is the validator's string_too_long.
+    clients: Annotated[tuple[Annotated[str, Field(min_length=1)], ...], Field(max_length=MAX_CLIENTS)]
     weights: Annotated[tuple[float, ...], Field(max_length=MAX_CLIENTS)]
     data: Annotated[bytes, Field(min_length=1)]
 

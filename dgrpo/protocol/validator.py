@@ -47,9 +47,10 @@ from dgrpo.protocol.envelope import (
 )
 from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.limits import Limits
+from dgrpo.protocol.messages import MAX_ID_CHARS
 from dgrpo.protocol.replay import EQUIVOCATION, ReplayGuard
 from dgrpo.protocol.topics import validate_run_id
-from dgrpo.protocol.update_bodies import GlobalBody
+from dgrpo.protocol.update_bodies import MAX_CLIENT_CHARS, GlobalBody
 
 # Every reason code, in validation order (documented in docs/protocol.md).
 REASONS = (
@@ -154,11 +155,14 @@ class MessageValidator:
             if len(body.prompt) > lim.max_prompt_chars:
                 raise _Reject("prompt_too_long")
             ids: tuple[str, ...] = (body.prompt_id, body.model_id)
+            cap = min(lim.max_string_chars, MAX_ID_CHARS)  # the protocol's own cap, whatever the limits say
         elif isinstance(body, HeartbeatBody):
-            ids = body.listen_addrs
+            ids, cap = body.listen_addrs, lim.max_string_chars
         else:  # a chunk of a federated update
             ids = body.clients if isinstance(body, GlobalBody) else ()
-        if any(len(s) > lim.max_string_chars for s in ids):
+            cap = min(lim.max_string_chars, MAX_CLIENT_CHARS)
+        # One reason for every identifier over its cap (the schema bounds none of them).
+        if any(len(s) > cap for s in ids):
             raise _Reject("string_too_long")
         if not isinstance(body, RolloutBody | HeartbeatBody):
             if body.chunks > lim.max_update_chunks:

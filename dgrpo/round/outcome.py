@@ -126,6 +126,7 @@ class RoundOutcome:
     round_seconds: float = 0.0
     expected: tuple[str, ...] = ()
     departed: tuple[str, ...] = ()  # expected at the start, no longer waited for (stopped, silent, disconnected)
+    at_deadline: bool = False  # closed because the deadline passed, not at quorum
 
     @property
     def completions_trained(self) -> int:

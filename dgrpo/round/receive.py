@@ -34,6 +34,9 @@ class RoundInbox:
         # author -> the newest round it sent a kept rollout for: with heartbeats, how far along each peer is
         # (a rollout can arrive before the heartbeat that announces its round).
         self.latest: dict[str, int] = {}
+        # Told of every rollout not kept, with the reason: the transport gives back the quota slot it took at
+        # gossipsub's validation (a rejected message must not use up its author's quota).
+        self.on_rejected: Callable[[Rollout, str], None] | None = None
 
     def open(self, round_idx: int) -> None:
         """Start collecting ``round_idx``; anything buffered for older rounds is dropped and counted."""
@@ -69,6 +72,8 @@ class RoundInbox:
             reason = arrival_reason(rollout, self.current, len(bucket), bucket, self.limits)
         if reason is not None:
             self.rejected[reason] += 1
+            if self.on_rejected is not None:
+                self.on_rejected(rollout, reason)
             return reason
         self._rounds[rollout.round][(rollout.author, rollout.part)] = rollout
         self._parts[(rollout.round, rollout.author)] = rollout.parts

@@ -38,7 +38,7 @@ async def run_round(
     own = await trio.to_thread.run_sync(node.produce, round_idx, limiter=limiter)
     for rollout in own:
         await transport.publish(rollout)
-    with trio.move_on_after(deadline_seconds):
+    with trio.move_on_after(deadline_seconds) as deadline:
         await inbox.wait_complete(round_idx, expected, still_expected)
     departed = set() if still_expected is None else expected - still_expected(expected)
     received = inbox.take(round_idx)
@@ -51,4 +51,5 @@ async def run_round(
         round_seconds=time.perf_counter() - t0,
         expected=tuple(sorted(expected)),
         departed=tuple(sorted(departed)),
+        at_deadline=deadline.cancelled_caught,
     )
