@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
 from dgrpo.config import LearnerConfig, ModelConfig
@@ -134,7 +136,6 @@ def test_resume_refuses_to_lose_identity_or_training_silently(tmp_path: Path) ->
     first.rounds_done, first.round = 2, 3
     first.save_checkpoint()
     (saved,) = first.checkpoints.checkpoints()
-    peer_id = first.peer_id
     # A SIGKILL mid-write left a temp file: the next start removes it.
     orphan = saved.parent / f".{saved.name}.abcd1234.tmp"
     orphan.write_bytes(b"half a checkpoint")
@@ -144,19 +145,80 @@ def test_resume_refuses_to_lose_identity_or_training_silently(tmp_path: Path) ->
     with pytest.raises(ConfigError, match=r"holds model 'dgrpo:tiny-arith'.*'dgrpo:tiny-arith-llama'"):
         Daemon(load_node_settings(None, other), resume=True)
     assert not orphan.exists()
-    fresh = Daemon(load_node_settings(None, other), resume=True, allow_fresh=True)
-    assert (fresh.round, fresh.rounds_done) == (0, 0) and fresh.peer_id == peer_id  # fresh, same identity
 
-    # Every checkpoint corrupt: refused, naming the files; --allow-fresh starts at round 1.
+    # Every checkpoint corrupt: refused, naming the files.
+    good = saved.read_bytes()
     saved.write_bytes(b"corrupt")
     with pytest.raises(ConfigError, match=rf"none of the checkpoints .* verifies \({saved.name}\)"):
         Daemon(load_node_settings(None, sets), resume=True)
-    assert Daemon(load_node_settings(None, sets), resume=True, allow_fresh=True).rounds_done == 0
+    saved.write_bytes(good)
 
     # The identity key deleted while state remains: refused before a new key is made.
     key = load_node_settings(None, sets).key_path
+    kept_key = key.read_bytes()
     key.unlink()
     with pytest.raises(ConfigError, match=r"identity key .* is missing.*round-00000002\.ckpt"):
         Daemon(load_node_settings(None, sets), resume=True)
     assert not key.exists()
-    assert Daemon(load_node_settings(None, sets), resume=True, allow_fresh=True).peer_id != peer_id
+    key.write_bytes(kept_key)
+    assert Daemon(load_node_settings(None, sets), resume=True).rounds_done == 2  # all restored: it resumes
+
+
+def _node_with_state(state: Path) -> tuple[list[str], str, Any]:
+    """A node that ran: identity, a checkpoint with a blacklisted peer and reputation, replay and nonce files."""
+    from dgrpo.daemon.daemon import Daemon
+    from dgrpo.daemon.settings import load_node_settings
+    from dgrpo.protocol.identity import Identity
+
+    sets = [f"state_dir={str(state)!r}", "status.enabled=false", "defense.chain=['length']"]
+    node = Daemon(load_node_settings(None, sets))
+    node.rounds_done, node.round = 2, 3
+    bad = Identity.from_seed(bytes([9]) * 32).peer_id
+    node.restored_blacklist = [bad]
+    assert node.reputation is not None
+    node.reputation.blacklisted[bad] = 1
+    node.reputation.evidence[bad] = 3
+    node.replay.record(bad, 7)
+    node.replay.save(node.replay_path)
+    node.save_checkpoint()
+    return sets, node.peer_id, node
+
+
+@pytest.mark.parametrize("case", ["key_deleted", "corrupt_checkpoints", "other_model", "asked"])
+def test_allow_fresh_starts_a_new_node_and_moves_the_old_state_aside(tmp_path: Path, case: str) -> None:
+    # Issue 23: with the key deleted, --allow-fresh made a new identity but resumed the old checkpoint (round
+    # 98), replay state and 9 blacklisted peers; over corrupt checkpoints it started fresh but left the corrupt
+    # files, so the next --resume refused again.
+    from dgrpo.daemon.daemon import open_daemon
+    from dgrpo.daemon.settings import load_node_settings
+
+    state = tmp_path / "node"
+    sets, old_peer, old = _node_with_state(state)
+    (ckpt,) = old.checkpoints.checkpoints()
+    resume = True
+    if case == "key_deleted":
+        old.settings.key_path.unlink()
+    elif case == "corrupt_checkpoints":
+        ckpt.write_bytes(b"corrupt")
+    elif case == "other_model":
+        sets = [*sets, "model.name='dgrpo:tiny-arith-llama'"]
+    else:  # --allow-fresh without --resume: a fresh node was asked for
+        resume = False
+    before = sorted(p.name for p in state.iterdir())
+    fresh = open_daemon(load_node_settings(None, sets), resume=resume, allow_fresh=True)
+    assert fresh.peer_id != old_peer, "a new identity"
+    assert (fresh.round, fresh.rounds_done) == (0, 0)
+    assert fresh.restored_blacklist == [] and fresh.checkpoints.checkpoints() == []
+    assert len(fresh.replay) == 0 and len(old.replay) == 1
+    assert fresh.reputation is not None and fresh.reputation.snapshot() == {}
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("node.aside-")]
+    assert sorted(p.name for p in aside.iterdir()) == before, "the old state, whole, beside the new one"
+    assert (aside / "checkpoints" / ckpt.name).is_file() and (aside / "identity.key").exists() != (
+        case == "key_deleted"
+    )
+    assert (state / "manifest.json").is_file(), "the run's manifest is kept: it names the run, not the node"
+    # and the next --resume continues the new node, not the old one
+    fresh.rounds_done, fresh.round = 1, 2
+    fresh.save_checkpoint()
+    again = open_daemon(load_node_settings(None, sets), resume=True)
+    assert again.peer_id == fresh.peer_id and again.rounds_done == 1

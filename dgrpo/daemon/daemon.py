@@ -27,7 +27,9 @@ import trio
 
 from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
+from dgrpo.daemon.fresh import FreshStart, move_aside
 from dgrpo.daemon.identity import check_resume, load_identity
+from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
 from dgrpo.daemon.manifest_exchange import ManifestService
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
@@ -65,6 +67,8 @@ class Daemon:
         self.allow_fresh = allow_fresh
         check_resume(settings, resume, allow_fresh)
         settings.state_dir.mkdir(parents=True, exist_ok=True)
+        save_settings(settings.state_dir, settings.model_dump(mode="json"))  # what --resume alone restores
+        self.remembered_peers = load_peers(settings.state_dir)  # dial candidates from before a restart
         # A SIGKILL during a write leaves its temp file; nothing else would ever remove it.
         for folder in (settings.state_dir, settings.checkpoint_folder):
             remove_orphans(folder)
@@ -124,12 +128,14 @@ class Daemon:
         state = self.checkpoints.load_latest()
         found = [p.name for p in self.checkpoints.checkpoints()]
         if state is None:
-            if found and not self.allow_fresh:
+            if found and self.allow_fresh:
+                raise FreshStart(f"none of the checkpoints in {self.checkpoints.folder} verifies ({', '.join(found)})")
+            if found:
                 raise ConfigError(
                     f"--resume: none of the checkpoints in {self.checkpoints.folder} verifies ({', '.join(found)}); "
-                    "refusing to start fresh over them (--allow-fresh does)"
+                    "refusing to start fresh over them (--allow-fresh does, moving them aside)"
                 )
-            log.warning("--resume: no valid checkpoint in %s; starting fresh", self.checkpoints.folder)
+            log.warning("--resume: no checkpoint in %s; starting at the first round", self.checkpoints.folder)
             return None
         configured = self.settings.model.name
         saved = state.meta.get("model")
@@ -142,10 +148,9 @@ class Daemon:
             except RuntimeError as exc:  # another architecture or size under the same name
                 problem = f"does not fit the configured model {configured!r} ({str(exc).splitlines()[0]})"
         if problem is not None:
-            if not self.allow_fresh:
-                raise ConfigError(f"--resume: the newest valid checkpoint in {self.checkpoints.folder} {problem}")
-            log.warning("--resume: the checkpoint %s; starting fresh (--allow-fresh)", problem)
-            return None
+            if self.allow_fresh:
+                raise FreshStart(f"the newest valid checkpoint in {self.checkpoints.folder} {problem}")
+            raise ConfigError(f"--resume: the newest valid checkpoint in {self.checkpoints.folder} {problem}")
         self.learner.optimizer.load_state_dict(state.optimizer)
         self.rounds_done = int(state.meta.get("rounds_done", state.round))
         self.round = state.round + 1
@@ -177,6 +182,14 @@ class Daemon:
         if self.reputation is not None:
             meta["reputation"] = self.reputation.to_dict()
         return meta
+
+    def save_peers(self) -> None:
+        """The peers this node knows, for the next start (:mod:`dgrpo.daemon.local_state`)."""
+        table = self.transport.peer_table() if self.transport is not None else []
+        heard = {p.peer_id for p in table}
+        peers = [(p.peer_id, p.last_seen, p.listen_addrs) for p in table if p.peer_id != self.peer_id]
+        peers += [(peer, 0.0, addrs) for peer, addrs in self.remembered_peers.items() if peer not in heard]
+        save_peers(self.settings.state_dir, peers)
 
     def save_checkpoint(self) -> None:
         if self.rounds_done == 0:
@@ -321,10 +334,15 @@ class Daemon:
                     await self._shutdown(server)
 
     def known_peers(self) -> dict[str, tuple[str, ...]]:
-        """Peer exchange: the addresses live peers announce in their signed heartbeats."""
+        """Peer exchange: the addresses live peers announce in their signed heartbeats, and those of the peers
+        known before a restart that have not been heard from since."""
         assert self.transport is not None
         live = self.transport.peers()
-        return {p.peer_id: p.listen_addrs for p in self.transport.peer_table() if p.peer_id in live}
+        table = self.transport.peer_table()
+        heard = {p.peer_id for p in table}
+        known = {peer: addrs for peer, addrs in self.remembered_peers.items() if peer not in heard}
+        known.update({p.peer_id: p.listen_addrs for p in table if p.peer_id in live})
+        return known
 
     async def _open_topics(self, nursery: trio.Nursery) -> None:
         """Subscribe to topics beyond rollouts and control (federated mode's updates); none here."""
@@ -479,6 +497,7 @@ class Daemon:
                 self._error(f"round {outcome.round} closed by quorum; nothing trained from {sorted(missing)}")
             self.replay.save(self.replay_path)
             if self.rounds_done % self.settings.checkpoint.every == 0:
+                self.save_peers()  # here, not in the thread: it reads the transport's tables
                 await trio.to_thread.run_sync(self.save_checkpoint)
         self.state = "done"
         log.info("completed %d rounds", self.rounds_done)
@@ -492,6 +511,7 @@ class Daemon:
                 await self.transport.publish_heartbeat(
                     HeartbeatBody(round=self.round, rounds_done=self.rounds_done, status="stopping", listen_addrs=())
                 )
+        self.save_peers()
         await trio.to_thread.run_sync(self.save_checkpoint)
         self.replay.save(self.replay_path)
         self.state = "stopped"
@@ -501,13 +521,28 @@ class Daemon:
         log.info("stopped cleanly after %d rounds", self.rounds_done)
 
 
-def run_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
+def open_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> Daemon:
+    """The daemon of ``settings``: resumed from its state (``resume``), or, with ``allow_fresh``, a new node
+    where resuming is impossible (or always, without ``resume``), the old state moved aside
+    (:mod:`dgrpo.daemon.fresh`)."""
     if settings.mode == "federated":
         from dgrpo.daemon.federated import FederatedDaemon  # imports this module
 
-        trio.run(FederatedDaemon(settings, resume=resume, allow_fresh=allow_fresh).run)
+        cls: type[Daemon] = FederatedDaemon
     else:
-        trio.run(Daemon(settings, resume=resume, allow_fresh=allow_fresh).run)
+        cls = Daemon
+    if allow_fresh and not resume:
+        move_aside(settings, "a fresh node was asked for")
+        return cls(settings)
+    try:
+        return cls(settings, resume=resume, allow_fresh=allow_fresh)
+    except FreshStart as why:
+        move_aside(settings, str(why))
+        return cls(settings)
+
+
+def run_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
+    trio.run(open_daemon(settings, resume, allow_fresh).run)
 
 
 def read_node_file(state_dir: Path) -> dict[str, Any] | None:

@@ -352,6 +352,7 @@ class FederatedDaemon(Daemon):
                 await self._serve_snapshot(self.round - 1)
             self.replay.save(self.replay_path)
             if self.rounds_done % self.settings.checkpoint.every == 0:
+                self.save_peers()
                 await trio.to_thread.run_sync(self.save_checkpoint)
         self.state = "done"
         log.info("completed %d federated rounds; global weights %s", self.rounds_done, self.global_digest)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from dgrpo.daemon.fresh import FreshStart
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.errors import ConfigError
 from dgrpo.protocol.identity import Identity
@@ -27,15 +28,19 @@ def load_identity(settings: NodeSettings) -> Identity:
 def check_resume(settings: NodeSettings, resume: bool, allow_fresh: bool = False) -> None:
     """``--resume`` never continues one node's state under another identity: refuse (a clear error, exit
     status 2) when the identity key is gone but the state folder holds a node's checkpoints or protocol
-    state, unless ``allow_fresh`` says a new node may start there."""
-    if not resume or allow_fresh or settings.key_path.exists():
+    state; with ``allow_fresh``, :class:`~dgrpo.daemon.fresh.FreshStart` (a new node, the old state aside)."""
+    if not resume or settings.key_path.exists():
         return
     folder = settings.checkpoint_folder
     held = sorted(p.name for p in folder.glob("round-*.ckpt")) if folder.is_dir() else []
     held += [name for name in ("nonce.json", "replay.json") if (settings.state_dir / name).exists()]
-    if held:
-        raise ConfigError(
-            f"--resume: the identity key {settings.key_path} is missing, but {settings.state_dir} holds a node's "
-            f"state ({', '.join(held)}); continuing it under a new identity would hand one node's training and "
-            "protocol state to another. Restore the key, or pass --allow-fresh to start a new node there"
-        )
+    if not held:
+        return
+    if allow_fresh:
+        raise FreshStart(f"the identity key {settings.key_path} is missing")
+    raise ConfigError(
+        f"--resume: the identity key {settings.key_path} is missing, but {settings.state_dir} holds a node's "
+        f"state ({', '.join(held)}); continuing it under a new identity would hand one node's training and "
+        "protocol state to another. Restore the key, or pass --allow-fresh to start a new node (the old state "
+        "is moved aside)"
+    )

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import (
     BaseSettings,
+    JsonConfigSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -25,6 +26,7 @@ from dgrpo.net.traversal_config import TraversalConfig
 from dgrpo.overrides import apply_overrides, explain_validation_error
 
 _TOML_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("dgrpo_toml_file", default=None)
+_SAVED_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("dgrpo_saved_file", default=None)
 
 
 class IdentitySettings(Section):
@@ -149,8 +151,13 @@ class NodeSettings(RunConfig, BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Precedence: command line (init) > environment > TOML file.
-        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=_TOML_FILE.get())
+        # Precedence: command line (init) > environment > TOML file > the settings a resumed node last ran with.
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=_TOML_FILE.get()),
+            JsonConfigSettingsSource(settings_cls, json_file=_SAVED_FILE.get()),
+        )
 
     def run_rounds(self) -> int | None:
         return self.rounds.max_rounds
@@ -164,9 +171,12 @@ class NodeSettings(RunConfig, BaseSettings):
         return self.checkpoint.folder or self.state_dir / "checkpoints"
 
 
-def load_node_settings(config: Path | None = None, overrides: list[str] | None = None) -> NodeSettings:
-    """Settings from ``config`` (TOML), ``DGRPO_*`` variables and ``overrides`` (``key=value``), in that
-    order of increasing precedence."""
+def load_node_settings(
+    config: Path | None = None, overrides: list[str] | None = None, saved: Path | None = None
+) -> NodeSettings:
+    """Settings from ``saved`` (JSON: what a resumed node last ran with, :mod:`dgrpo.daemon.local_state`),
+    ``config`` (TOML), ``DGRPO_*`` variables and ``overrides`` (``key=value``), in that order of increasing
+    precedence."""
     if config is not None:
         if not config.is_file():
             raise ConfigError(f"config file {str(config)!r} not found")
@@ -174,10 +184,16 @@ def load_node_settings(config: Path | None = None, overrides: list[str] | None =
             tomllib.loads(config.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {config}: invalid TOML: {exc}") from None
-    token = _TOML_FILE.set(config)
+    token, saved_token = _TOML_FILE.set(config), _SAVED_FILE.set(saved)
     try:
         return NodeSettings(**apply_overrides({}, overrides or []))
     except ValidationError as exc:
-        raise explain_validation_error(exc, NodeSettings, "node setting") from None
+        error = explain_validation_error(exc, NodeSettings, "node setting")
+        if saved is not None:
+            raise ConfigError(f"{error} (with the saved settings {saved}; edit or remove that file)") from None
+        raise error from None
+    except ValueError as exc:  # the saved file is not JSON
+        raise ConfigError(f"cannot read the saved settings {saved}: {exc}") from None
     finally:
         _TOML_FILE.reset(token)
+        _SAVED_FILE.reset(saved_token)
