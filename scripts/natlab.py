@@ -195,12 +195,15 @@ class NsNode:
         return self.process.returncode
 
 
-def launch(name: str, ns: str, state_dir: Path, args: list[str], python: str = sys.executable) -> NsNode:
-    """Start ``python -m dgrpo node run ARGS --state-dir STATE_DIR`` in ``ns``; its output goes to node.log."""
+def launch(
+    name: str, ns: str, state_dir: Path, args: list[str], python: str = sys.executable, command: str = "run"
+) -> NsNode:
+    """Start ``python -m dgrpo node COMMAND ARGS --state-dir STATE_DIR`` (``run`` or ``join``) in ``ns``; its
+    output goes to node.log."""
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "node.json").unlink(missing_ok=True)
     log = (state_dir / "node.log").open("ab")
-    cmd = ["ip", "netns", "exec", ns, python, "-m", "dgrpo", "node", "run", "--state-dir", str(state_dir), *args]
+    cmd = ["ip", "netns", "exec", ns, python, "-m", "dgrpo", "node", command, *args, "--state-dir", str(state_dir)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     return NsNode(name, ns, state_dir, process)

@@ -62,14 +62,29 @@ def lab(request: Any) -> Iterator[Any]:
         natlab.down(lab)
 
 
+# What a home node sets for itself: everything about the run comes from the relay's manifest (node join).
+LOCAL = [
+    "--set",
+    "rounds.min_peers=2",
+    "--set",
+    "rounds.peer_timeout_seconds=6",
+    "--set",
+    "status.port=0",
+    "--set",
+    "checkpoint.every=1",
+]
+
+
+def home_listen(lab: Any, i: int) -> str:
+    return f"/ip4/{lab.home_ip(i)}/tcp/4001"
+
+
 def start(lab: Any, tmp: Path) -> tuple[Any, Any, Any]:
     relay = natlab.launch("relay", lab.inet, tmp / "R", ["--listen", f"{PUBLIC}tcp/4001", "--relay-service", *COMMON])
     natlab.wait_for(lambda: relay.node_file() is not None, 90, "the relay's node.json", [relay])
     boot = relay.public_addr(PUBLIC)
     homes = [
-        natlab.launch(
-            name, lab.home(i), tmp / name, ["--listen", f"/ip4/{lab.home_ip(i)}/tcp/4001", "--bootstrap", boot, *COMMON]
-        )
+        natlab.launch(name, lab.home(i), tmp / name, [boot, "--listen", home_listen(lab, i), *LOCAL], command="join")
         for i, name in ((1, "A"), (2, "B"))
     ]
     return relay, homes[0], homes[1]
@@ -144,7 +159,11 @@ def test_behind_cone_nats_join_via_relay_punch_holes_and_survive_a_relay_restart
             nodes,
         )
         sa, sb = status(a), status(b)
+        relay_manifest = status(relay)["manifest"]
         for st in (sa, sb):
+            # they learnt the run from the relay, knowing only its address
+            assert st["manifest"]["origin"] == "joined" and st["manifest"]["sha256"] == relay_manifest["sha256"]
+            assert st["run_id"] == "natrun"
             assert st["network"]["relays"] == [peer(relay)]
             assert any("/p2p-circuit/" in addr for addr in st["listen_addrs"]), st["listen_addrs"]
         # Row 2: behind endpoint-independent NATs, DCUtR turned the relayed connection between the homes into
@@ -163,9 +182,7 @@ def test_behind_cone_nats_join_via_relay_punch_holes_and_survive_a_relay_restart
         before = {n.name: done(n) for n in (a, b)}
         assert relay.stop() == 0
         natlab.wait_for(lambda: all(done(n) >= before[n.name] + 2 for n in (a, b)), 120, "rounds without relay", [a, b])
-        relay = natlab.launch(
-            "relay", lab.inet, tmp_path / "R", ["--listen", f"{PUBLIC}tcp/4001", "--relay-service", "--resume", *COMMON]
-        )
+        relay = natlab.launch("relay", lab.inet, tmp_path / "R", ["--resume"])  # the rest comes from its state
         nodes = [relay, a, b]
         restarted = time.time()
         natlab.wait_for(lambda: relay.status() is not None, 90, "the restarted relay", nodes)
