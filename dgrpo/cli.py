@@ -326,7 +326,8 @@ def _join(
     from dgrpo.daemon.join import fetch_run_manifest, join_settings
     from dgrpo.daemon.run_manifest import joining
 
-    signed = fetch_run_manifest(addrs, state_dir, manifest_sha256)
+    learnt = fetch_run_manifest(addrs, state_dir, manifest_sha256)
+    signed = learnt.manifest
     m = signed.manifest
     console.print(
         f"run {m.run_id!r} by {m.creator_peer_id}: model {m.model_id}, task {m.config['task']['name']}, "
@@ -334,7 +335,7 @@ def _join(
     )
     settings = join_settings(signed, addrs, sets)
     _daemon_logging()
-    with joining(signed):
+    with joining(signed, learnt.refused):
         run_daemon(settings, resume=resume, allow_fresh=allow_fresh)
 
 

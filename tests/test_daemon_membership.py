@@ -119,3 +119,17 @@ def test_one_peer_announcing_a_far_round_does_not_move_the_network(daemon: Daemo
     # Peers that have not completed a round (starting together, or joining) say nothing of the network's round.
     attach(daemon, [peer("new", 0, rounds_done=0), peer("new2", 3, rounds_done=0)])
     assert daemon.network_round() == 0
+
+
+def test_a_joiner_takes_the_most_advanced_round_within_reach_of_the_median() -> None:
+    from dgrpo.daemon.daemon import joining_round
+
+    assert joining_round([]) == 0
+    assert joining_round([7]) == 7
+    assert joining_round([7, 7, 8]) == 8  # a round boundary: the one ahead has published its round already
+    assert joining_round([5, 7, 8]) == 8  # median 7: 8 is within 2
+    # one peer (a Sybil) announcing a far-off round cannot send the joiner there: median 7, so at most 9
+    assert joining_round([7, 8, 1_000_000]) == 8
+    assert joining_round([7, 7, 9, 10]) == 9  # lower median 7: 10 is out of reach, 9 is not
+    # a majority of liars still can (bounded Sybil influence is issue 24's work)
+    assert joining_round([7, 500, 500]) == 500

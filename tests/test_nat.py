@@ -79,15 +79,21 @@ def home_listen(lab: Any, i: int) -> str:
     return f"/ip4/{lab.home_ip(i)}/tcp/4001"
 
 
-def start(lab: Any, tmp: Path) -> tuple[Any, Any, Any]:
+def start_relay(lab: Any, tmp: Path) -> tuple[Any, str]:
+    """The public relay/bootstrap node, the run's creator, and its public address."""
     relay = natlab.launch("relay", lab.inet, tmp / "R", ["--listen", f"{PUBLIC}tcp/4001", "--relay-service", *COMMON])
     natlab.wait_for(lambda: relay.node_file() is not None, 90, "the relay's node.json", [relay])
-    boot = relay.public_addr(PUBLIC)
-    homes = [
-        natlab.launch(name, lab.home(i), tmp / name, [boot, "--listen", home_listen(lab, i), *LOCAL], command="join")
-        for i, name in ((1, "A"), (2, "B"))
-    ]
-    return relay, homes[0], homes[1]
+    return relay, relay.public_addr(PUBLIC)
+
+
+def join_home(lab: Any, tmp: Path, i: int, name: str, bootstrap: list[str]) -> Any:
+    args = [*bootstrap, "--listen", home_listen(lab, i), *LOCAL]
+    return natlab.launch(name, lab.home(i), tmp / name, args, command="join")
+
+
+def start(lab: Any, tmp: Path) -> tuple[Any, Any, Any]:
+    relay, boot = start_relay(lab, tmp)
+    return relay, join_home(lab, tmp, 1, "A", [boot]), join_home(lab, tmp, 2, "B", [boot])
 
 
 def keep_logs(nodes: list[Any]) -> None:
@@ -229,6 +235,85 @@ def test_behind_symmetric_nats_peers_stay_relayed_and_complete_rounds(lab: Any, 
         relay_status = status(relay)["network"]
         assert relay_status["relay_service_reservations"] == 2
     finally:
+        for n in nodes:
+            n.stop()
+        keep_logs(nodes)
+
+
+@pytest.mark.parametrize("lab", ["cone"], indirect=True)
+def test_a_hostile_bootstrap_forging_the_manifest_and_listing_sybils_cannot_capture_a_joiner(
+    lab: Any, tmp_path: Path
+) -> None:
+    """Row 5: a public bootstrap that serves the run's manifest re-signed by its own key, keeps 8 idle Sybil
+    identities in the run and forwards nothing honest. A joiner given it and the honest relay, with nothing
+    pinned, refuses to pick one (the two serve different manifests); pinned to the creator's manifest it joins,
+    connects to both, reaches the honest peers through the honest one and trains with them every round, and
+    dials at most ``max_per_subnet`` Sybils. Everyone that asks the forger for its manifest counts it."""
+    import json
+    import subprocess
+    import sys
+
+    relay, boot = start_relay(lab, tmp_path)
+    b = join_home(lab, tmp_path, 2, "B", [boot])
+    nodes = [relay, b]
+    hostile_out = tmp_path / "hostile.json"
+    manifest = str(tmp_path / "R" / "manifest.json")
+    hostile = subprocess.Popen(
+        ["ip", "netns", "exec", lab.inet, sys.executable, str(ROOT / "tests" / "hostile_node.py"), "--ip",
+         lab.public_ip, "--port", "4002", "--bootstrap", boot, "--manifest", manifest, "--forge", "--sybils", "8",
+         "--out", str(hostile_out), "--seconds", "400"],
+        stdout=(tmp_path / "hostile.log").open("wb"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        natlab.wait_for(lambda: all(done(n) >= 2 for n in nodes), 180, "2 rounds on the relay and B", nodes)
+        natlab.wait_for(lambda: hostile_out.exists() or hostile.poll() is not None, 90, "the hostile node", nodes)
+        assert hostile.poll() is None, (tmp_path / "hostile.log").read_text()[-3000:]
+        h = json.loads(hostile_out.read_text())
+        creator = status(relay)["manifest"]["sha256"]
+        assert h["manifest_sha256"] != creator
+
+        # Nothing pinned: the two bootstraps disagree, so the joiner refuses, naming both.
+        refused = subprocess.run(
+            ["ip", "netns", "exec", lab.home(1), sys.executable, "-m", "dgrpo", "node", "join", h["address"], boot,
+             "--state-dir", str(tmp_path / "J"), "--listen", home_listen(lab, 1)],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        said = " ".join((refused.stdout + refused.stderr).split())
+        packed = "".join(said.split())  # rich wraps long lines, inside addresses too
+        assert refused.returncode == 2, said[-2000:]
+        assert "servedifferentrunmanifests" in packed and h["address"] in packed and boot in packed, said[-2000:]
+
+        # Pinned to the creator's manifest: joins through both.
+        a = join_home(lab, tmp_path, 1, "A", [h["address"], boot, "--manifest-sha256", creator])
+        nodes.append(a)
+        honest = {peer(relay), peer(b)}
+        natlab.wait_for(
+            lambda: len([r for r in rounds(a) if set(r.get("authors") or ()) >= honest | {peer(a)}]) >= 3,
+            240,
+            "3 rounds in which the joiner trained on every honest author",
+            nodes,
+        )
+        st = status(a)
+        connections = st["network"]["connections"]
+        assert peer(relay) in connections and h["peer_id"] in connections, connections
+        sybils_dialled = [p for p in connections if p in set(h["sybils"])]
+        assert len(sybils_dialled) <= 2, f"at most max_per_subnet Sybils of one /24: {sybils_dialled}"
+        assert st["manifest"]["sha256"] == creator and st["manifest"]["origin"] == "joined"
+        # Counted where it was refused: by the joiner when it joined (pinned by sha256: conflicting_manifest),
+        # by the relay when it checked its new peer (another key signed its run: wrong_creator).
+        assert status(a)["manifest"]["rejected_by_peer"].get(h["peer_id"]) == {"conflicting_manifest": 1}
+        natlab.wait_for(
+            lambda: "wrong_creator" in status(relay)["manifest"]["rejected_by_peer"].get(h["peer_id"], {}),
+            60,
+            "the relay to count the forged manifest",
+            nodes,
+        )
+        # The Sybils' heartbeats reached the honest nodes (the hostile node is in the run), and changed nothing.
+        assert set(h["sybils"]) & set(status(relay)["peers"]), "the relay heard the Sybils"
+        assert [r["round"] for r in rounds(a)] == sorted({r["round"] for r in rounds(a)})
+    finally:
+        hostile.terminate()
+        hostile.wait(timeout=30)
         for n in nodes:
             n.stop()
         keep_logs(nodes)

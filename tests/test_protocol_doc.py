@@ -369,6 +369,26 @@ def test_gossipsub_parameters_and_stack(doc: str) -> None:
     assert "`from || seqno`" in doc
 
 
+def test_stack_lists_every_stream_protocol(doc: str) -> None:
+    """The request/response row names every stream protocol a node serves or opens besides gossipsub, with the
+    ids of the installed py-libp2p (tests/test_protocol_nat_vectors.py checks what a live host registers)."""
+    from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID
+    from libp2p.host.ping import ID as PING_ID
+    from libp2p.identity.identify.identify import ID as IDENTIFY_ID
+    from libp2p.identity.identify_push.identify_push import ID_PUSH
+    from libp2p.relay.circuit_v2.dcutr import PROTOCOL_ID as DCUTR_ID
+    from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_ID
+    from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID
+
+    from dgrpo.protocol.manifest_wire import MANIFEST_PROTOCOL
+
+    row = {r[0]: r[1] for r in table_after(doc, "### Stack", ["layer", "what a dgrpo node uses"])}["request/response"]
+    named = set(re.findall(r"`(/[^`]+)`", row))
+    ids = {IDENTIFY_ID, ID_PUSH, PING_ID, AUTONAT_PROTOCOL_ID, HOP_ID, STOP_PROTOCOL_ID, DCUTR_ID, MANIFEST_PROTOCOL}
+    assert named == {str(i) for i in ids} | {sync_protocol("RUN").replace("RUN", "<run>")}
+    assert row.endswith("No other stream protocol")
+
+
 # ------------------------------------------------------------------------------ canonical text, weights digest
 EMBEDDED_TOKENIZER_SHA256 = "9016f2d8f65d55c0c28666bdd86dae525f512e68101afc415cf70c714ab469c7"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")

@@ -33,7 +33,7 @@ from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
 from dgrpo.daemon.manifest_exchange import ManifestService
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
-from dgrpo.daemon.run_manifest import base_weights, hold_manifest
+from dgrpo.daemon.run_manifest import base_weights, hold_manifest, refused_at_join
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
 from dgrpo.errors import ConfigError
@@ -58,6 +58,21 @@ def lower_median(rounds: Iterable[int]) -> int:
     """The lower median of peers' rounds (one peer naming a far-off round cannot move it); 0 for none."""
     ordered = sorted(rounds)
     return ordered[(len(ordered) - 1) // 2] if ordered else 0
+
+
+JOIN_SPREAD = 2  # rounds a joiner believes peers may be ahead of the lower median of those under way
+
+
+def joining_round(rounds: Iterable[int]) -> int:
+    """The round a joiner takes the network to be in, from the rounds its peers under way announce: the most
+    advanced one's, but never more than ``JOIN_SPREAD`` past their lower median. Taking the plain maximum let
+    one peer (a Sybil a hostile bootstrap lists) send every joiner to a far-off round, alone there for good
+    (catching up only moves forward); peers at a round boundary differ by one."""
+    ordered = sorted(rounds)
+    if not ordered:
+        return 0
+    median = lower_median(ordered)
+    return max(r for r in ordered if r <= median + JOIN_SPREAD)
 
 
 class Daemon:
@@ -90,6 +105,9 @@ class Daemon:
         self.learner = self.node.learner
         # Before any checkpoint is restored: the manifest names the weights every node of the run starts from.
         self.manifest = ManifestService(*hold_manifest(settings, self.identity, base_weights(self.learner)))
+        for peer, verdict in refused_at_join().items():  # a bootstrap that served another run's manifest
+            self.manifest.record(peer, verdict)
+            self.manifest.checked.add(peer)
         self.reputation = self.node.reputation
         self.metrics = NodeMetrics()
         self.counters = NodeCounters()
@@ -391,10 +409,11 @@ class Daemon:
         # Give peers one heartbeat period to announce their round, then join the most advanced one.
         await trio.sleep(min(s.heartbeat_seconds, 2.0) if s.min_peers else 0)
         running = [p for p in self.transport.peer_table() if p.status == "running"]
-        network_round = max((p.round for p in running), default=0)
+        under_way = [p.round for p in running if p.rounds_done > 0]
+        network_round = joining_round(under_way)
         # A network that has completed rounds is under way; one whose peers are all still in their first
         # round is starting together with us (they waited for us as min_peers, so we get their round 1).
-        if any(p.rounds_done > 0 for p in running) and network_round >= max(self.round, 1):
+        if under_way and network_round >= max(self.round, 1):
             # The network's current round is under way: its rollouts went out before we were listening, so
             # we join at the next one, which we will see whole.
             log.info("joining at round %d (the network is in round %d)", network_round + 1, network_round)

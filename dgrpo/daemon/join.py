@@ -49,9 +49,18 @@ class Answer:
     verdict: ManifestVerdict
 
 
+@dataclass(frozen=True)
+class Learnt:
+    """The run's manifest, and what the bootstrap peers that served another one were refused for (peer id ->
+    verdict; not those that could not answer)."""
+
+    manifest: SignedManifest
+    refused: dict[str, ManifestVerdict]
+
+
 def fetch_run_manifest(
     addrs: str | Sequence[str], state_dir: Path, sha256: str | None = None, timeout: float = 30.0
-) -> SignedManifest:
+) -> Learnt:
     """The run's manifest as the bootstrap addresses serve it, verified; :class:`ConfigError` naming why
     it was refused (every address's verdict) or which addresses disagree."""
     addrs = [addrs] if isinstance(addrs, str) else list(addrs)
@@ -64,7 +73,12 @@ def fetch_run_manifest(
         raise ConfigError(f"--manifest-sha256 {sha256!r} is not 64 hexadecimal digits")
     pinned = load_manifest(state_dir / MANIFEST_FILE)
     answers = trio.run(_ask_all, addrs, sha256, pinned, timeout)
-    return choose(answers)
+    refused = {
+        split_p2p_address(a.addr): a.verdict
+        for a in answers
+        if a.verdict.manifest is None and a.verdict.reason not in ("unavailable", "timeout")
+    }
+    return Learnt(choose(answers), refused)
 
 
 async def _ask_all(addrs: list[str], sha256: str | None, pinned: SignedManifest | None, timeout: float) -> list[Answer]:

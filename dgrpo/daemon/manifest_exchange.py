@@ -31,6 +31,7 @@ REQUEST_TIMEOUT_SECONDS = 5.0
 FETCH_TIMEOUT_SECONDS = 10.0  # a whole exchange, from opening the stream (a dial included)
 AUDIT_INTERVAL_SECONDS = 5.0  # between looks for newly connected peers to check
 AUDIT_PER_LOOK = 4  # peers checked per look, so that many new connections spread out
+AUDIT_ATTEMPTS = 3  # looks at a peer that gave no answer (unavailable, timeout) before it is left alone
 MAX_TRACKED_PEERS = 1024  # peers remembered as checked, and kept by the counters
 
 
@@ -131,7 +132,8 @@ class ManifestService:
         self.rejections = PeerReasons(MAX_TRACKED_PEERS)  # peer -> reason -> count, what we refused of theirs
         self.active = 0
         self.served = 0
-        self.checked: set[str] = set()
+        self.checked: set[str] = set()  # peers with a final verdict (or out of attempts)
+        self.attempts: dict[str, int] = {}
         self.agreeing: set[str] = set()
 
     # ----------------------------------------------------------------- serving
@@ -178,13 +180,27 @@ class ManifestService:
             log.log(logging.WARNING if first else logging.DEBUG, "manifest of %s refused: %s", peer, verdict)
 
     async def audit(self, gossip: GossipNode, interval: float = AUDIT_INTERVAL_SECONDS) -> None:
-        """Check each connected peer's manifest once against ours; runs until cancelled."""
+        """Check each connected peer's manifest once against ours, ``AUDIT_PER_LOOK`` at a time side by side
+        (one after another, slow peers that let each fetch time out kept the others waiting for minutes);
+        runs until cancelled."""
+
+        async def check(peer: str) -> None:
+            verdict = await fetch_verified(gossip, peer, pinned=self.signed, timeout=self.fetch_timeout)
+            self.record(peer, verdict)
+            if peer in self.attempts or len(self.attempts) < MAX_TRACKED_PEERS:
+                self.attempts[peer] = self.attempts.get(peer, 0) + 1
+            # A verdict is final; a peer that could not answer (busy, slow, gone) is asked again next look, up to
+            # AUDIT_ATTEMPTS times (one of an older version serves no manifest at all).
+            final = verdict.ok or verdict.reason not in ("unavailable", "timeout")
+            out_of_tries = self.attempts.get(peer, AUDIT_ATTEMPTS) >= AUDIT_ATTEMPTS
+            if (final or out_of_tries) and len(self.checked) < MAX_TRACKED_PEERS:
+                self.checked.add(peer)
+
         while True:
             fresh = sorted(gossip.connected_peers() - self.checked)[:AUDIT_PER_LOOK]
-            for peer in fresh:
-                if len(self.checked) < MAX_TRACKED_PEERS:
-                    self.checked.add(peer)
-                self.record(peer, await fetch_verified(gossip, peer, pinned=self.signed, timeout=self.fetch_timeout))
+            async with trio.open_nursery() as nursery:
+                for peer in fresh:
+                    nursery.start_soon(check, peer)
             await trio.sleep(interval)
 
     def snapshot(self) -> dict[str, Any]:

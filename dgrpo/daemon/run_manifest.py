@@ -36,6 +36,7 @@ from dgrpo.protocol.identity import Identity
 from dgrpo.protocol.manifest import (
     MANIFEST_VERSION,
     BaseWeights,
+    ManifestVerdict,
     RunManifest,
     SignedManifest,
     canonical_json,
@@ -58,6 +59,11 @@ RUN_KEYS = {
 LOCAL_MODEL_KEYS = ("device",)
 
 _JOINED: contextvars.ContextVar[SignedManifest | None] = contextvars.ContextVar("dgrpo_joined", default=None)
+# What the bootstrap peers a node joined through served and it refused (peer id -> verdict): counted in /status
+# from the start, as the manifest checks of running peers are.
+_REFUSED: contextvars.ContextVar[Mapping[str, ManifestVerdict] | None] = contextvars.ContextVar(
+    "dgrpo_refused", default=None
+)
 
 
 def run_config(settings: NodeSettings) -> dict[str, Any]:
@@ -135,13 +141,19 @@ def settings_from_manifest(manifest: RunManifest, overrides: list[str]) -> NodeS
 
 
 @contextlib.contextmanager
-def joining(manifest: SignedManifest) -> Iterator[None]:
-    """Daemons constructed inside join ``manifest``'s run (or refuse to start)."""
-    token = _JOINED.set(manifest)
+def joining(manifest: SignedManifest, refused: Mapping[str, ManifestVerdict] | None = None) -> Iterator[None]:
+    """Daemons constructed inside join ``manifest``'s run (or refuse to start); ``refused``: what bootstrap peers
+    served that the joiner refused, by peer id."""
+    token, refused_token = _JOINED.set(manifest), _REFUSED.set(dict(refused or {}))
     try:
         yield
     finally:
         _JOINED.reset(token)
+        _REFUSED.reset(refused_token)
+
+
+def refused_at_join() -> Mapping[str, ManifestVerdict]:
+    return _REFUSED.get() or {}
 
 
 def load_manifest(path: Path) -> SignedManifest | None:

@@ -24,6 +24,7 @@ with the behaviours that lose messages silently worked around (``shared/notes/li
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -36,20 +37,24 @@ import libp2p
 import multihash
 import trio
 from libp2p.custom_types import TProtocol
+from libp2p.discovery.events.peerDiscovery import peerDiscovery
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
+from multiaddr.utils import get_thin_waist_addresses
 
 from dgrpo.errors import DgrpoError
 from dgrpo.net.gossip_config import LIBP2P_MAX_RPC_BYTES
 from dgrpo.net.gossip_config import GossipConfig as GossipConfig  # re-exported: the node's settings
 from dgrpo.net.host import dial_addrs, forget_dial_failures, queue_idle, resource_manager, trim_router_state
 from dgrpo.net.host import noise_only as noise_only  # re-exported
+from dgrpo.net.own_dialers import ROUTER_OPTIONS, disable_auto_connector
 from dgrpo.net.peering import Peering
 from dgrpo.net.pubsub import DeliveringPubsub, ReceiptGossipSub
+from dgrpo.net.reachability import strip_p2p
 from dgrpo.net.streams import Stream, StreamError, StreamHandler
 from dgrpo.net.traversal import Traversal, is_circuit
 from dgrpo.net.traversal_config import TraversalConfig
@@ -61,6 +66,7 @@ MAX_TOPIC_BYTES = 256
 POLL_SECONDS = 0.002  # for waits py-libp2p signals no event for (queue lengths, peer counts)
 OVERSIZE_RPC = "oversize_rpc"  # an inbound RPC over max_inbound_rpc_size, decided here, before any validator
 TRANSPORT_REASONS = (OVERSIZE_RPC,)
+MAX_DISCOVERED = 256  # peers mDNS found, kept as dial candidates
 OVERSIZE_LOG_SECONDS = 10.0  # a flooding peer gets one log line per this many seconds, with the count it sent
 
 Validator = Callable[[bytes, str, str], bool]
@@ -118,6 +124,11 @@ def drained(send: trio.MemorySendChannel[Any]) -> bool:
     return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0
 
 
+def _is_wildcard(addr: Multiaddr) -> bool:
+    text = str(addr)
+    return text.startswith(("/ip4/0.0.0.0/", "/ip6/::/"))
+
+
 def _peer_id(peer_id: str) -> ID:
     try:
         peer = ID.from_base58(peer_id)
@@ -135,8 +146,11 @@ class GossipNode:
         self._host = host
         self.traversal_config = traversal or TraversalConfig()
         self.traversal = Traversal(host, self.traversal_config)
-        self.peering = Peering(self.traversal_config, host.get_id().to_base58())
         self.peer_id: str = host.get_id().to_base58()
+        # Seeded by the node: every node draws its peer-exchange candidates in an order of its own.
+        seed = int.from_bytes(hashlib.sha256(self.peer_id.encode()).digest()[:8], "big")
+        self.peering = Peering(self.traversal_config, self.peer_id, seed=seed)
+        self._discovered: dict[str, tuple[str, ...]] = {}  # mDNS: peer -> addresses, dial candidates
         router_options: dict[str, Any] = {  # a dict: py-libp2p annotates heartbeat_interval as int; it sleeps on it
             "protocols": [PROTOCOL_ID_V12, PROTOCOL_ID_V11],
             "degree": config.degree,
@@ -145,6 +159,7 @@ class GossipNode:
             "heartbeat_interval": config.heartbeat_interval,
             "adaptive_gossip_enabled": False,
             "max_messages_per_topic_per_second": config.max_messages_per_topic_per_second,
+            **ROUTER_OPTIONS,  # no dials from a PRUNE's peer records (dgrpo.net.own_dialers)
         }
         self._router: Any = ReceiptGossipSub(**router_options)
         self._pubsub: Any = DeliveringPubsub(
@@ -188,7 +203,10 @@ class GossipNode:
             resource_manager=resource_manager(tc.max_peers, tc.max_per_ip),
             enable_mDNS=tc.mdns,
         )
+        disable_auto_connector(host)  # whom to dial is the peering loop's decision (dgrpo.net.own_dialers)
         node = cls(config, host, tc)
+        if tc.mdns:  # py-libp2p's mDNS only fills the peer store; the peering loop dials what it finds
+            peerDiscovery.register_peer_discovered_handler(node.on_discovered)
         async with (
             host.run(listen_addrs=listen),
             background_trio_service(node._pubsub),
@@ -212,6 +230,7 @@ class GossipNode:
                         await host.close()
                     for send, _ in node._inboxes.values():
                         send.close()
+                    peerDiscovery.unregister_peer_discovered_handler(node.on_discovered)
                     nursery.cancel_scope.cancel()
 
     def listen_addrs(self) -> list[str]:
@@ -220,8 +239,22 @@ class GossipNode:
         return self.traversal.announced_addrs([str(addr) for addr in self._host.get_addrs()])
 
     def local_addrs(self) -> list[str]:
-        """The addresses we listen on, with ``/p2p/<peer id>`` (no circuits)."""
-        return [str(addr) for addr in self._host.get_addrs()]
+        """The addresses we listen on, with ``/p2p/<peer id>`` (no circuits). A wildcard (``0.0.0.0``, ``::``)
+        is no address to dial: it stands for each of this machine's interface addresses (py-libp2p's
+        ``get_addrs`` returns it as is, and heartbeats announced ``/ip4/0.0.0.0/...``)."""
+        out: list[str] = []
+        for addr in self._host.get_addrs():
+            head = strip_p2p(addr)
+            expanded = get_thin_waist_addresses(head) if _is_wildcard(head) else [head]
+            out += [f"{a}/p2p/{self.peer_id}" for a in (expanded or [head])]
+        return list(dict.fromkeys(out))
+
+    def on_discovered(self, info: PeerInfo) -> None:
+        """mDNS found ``info`` on the local network: a dial candidate for the peering loop. Called from
+        zeroconf's thread: one dict assignment, bounded."""
+        peer = info.peer_id.to_base58()
+        if peer != self.peer_id and (peer in self._discovered or len(self._discovered) < MAX_DISCOVERED):
+            self._discovered[peer] = tuple(f"{a}/p2p/{peer}" for a in info.addrs[:8])
 
     async def dial(self, peer_id: str, addrs: Sequence[str]) -> str | None:
         """Connect to ``peer_id`` at ``addrs`` (direct first, then ``/p2p-circuit``): "direct", "relayed" or None."""
@@ -232,10 +265,11 @@ class GossipNode:
         """Keep ``target_peers`` connections, dialling peers from ``known()`` (peer id -> announced addresses,
         from heartbeats) as :class:`dgrpo.net.peering.Peering` chooses. Runs until cancelled."""
         await self.peering.run(
-            known,
+            lambda: {**self._discovered, **known()},
             lambda: {p.to_base58() for p in self._host.get_connected_peers()},
             self.blacklisted,
             self.dial,
+            self.traversal.remote_addrs,
         )
 
     def connected_peers(self) -> set[str]:
@@ -496,6 +530,8 @@ class GossipNode:
 
     async def _flush(self, timeout: float) -> None:
         """Wait until our outbound queues are empty, then until every peer has read what we sent."""
+        if timeout <= 0:  # a node that published nothing (a joiner's throwaway host) has nothing to flush
+            return
         with trio.move_on_after(timeout):
             while not all(queue_idle(queue) for queue in self._live_queues()):
                 await trio.sleep(POLL_SECONDS)

@@ -78,7 +78,11 @@ class PerIPLimiter(CIDRLimiter):
 
     def allow(self, endpoint_ip: str | None) -> bool:
         key = self._key(endpoint_ip)
-        return key is None or self._per_ip[key] < self.limit
+        if key is None or self._per_ip[key] < self.limit:
+            return True
+        with self._lock:  # the resource manager asks allow() before acquire(): most refusals happen here
+            self.refused += 1
+        return False
 
     def acquire(self, endpoint_ip: str | None) -> bool:
         key = self._key(endpoint_ip)
@@ -101,13 +105,17 @@ class PerIPLimiter(CIDRLimiter):
 
 
 def resource_manager(max_peers: int, max_per_ip: int, max_per_peer: int = 4) -> ResourceManager:
-    """py-libp2p's resource manager bounding connections in total, per peer and per IP (:class:`PerIPLimiter`)."""
+    """py-libp2p's resource manager bounding connections in total, per peer and per IP (:class:`PerIPLimiter`).
+
+    py-libp2p 0.8.1's swarm admits each connection twice, a pre-upgrade scope and then the connection's own, and
+    releases the first only after taking the second: both count, so a cap of N let N-1 connections in (and
+    ``max_per_ip=1`` none). Each cap gets that one extra slot (tests/test_peering.py)."""
     manager = ResourceManager(
-        limits=ResourceLimits(max_connections=max_peers),
+        limits=ResourceLimits(max_connections=max_peers + 1),
         connection_limits=ConnectionLimits(max_established_per_peer=max_per_peer, max_established_total=max_peers),
         enable_rate_limiting=False,  # a relay's clients reconnect in bursts after it restarts
     )
-    manager.cidr_limiter = PerIPLimiter(max_per_ip)
+    manager.cidr_limiter = PerIPLimiter(max_per_ip + 1)
     return manager
 
 

@@ -60,16 +60,25 @@ class Peering:
         self._random = random.Random(self.seed)
 
     def candidates(
-        self, known: Mapping[str, Sequence[str]], connected: set[str], excluded: set[str], now: float
+        self,
+        known: Mapping[str, Sequence[str]],
+        connected: set[str],
+        excluded: set[str],
+        now: float,
+        remote: Mapping[str, str] | None = None,
     ) -> list[str]:
         """Whom to dial next: not connected, not excluded (blacklisted), not backing off, at most
-        ``max_per_subnet`` per address block counting those already connected, as many as are missing."""
+        ``max_per_subnet`` per address block counting those already connected, as many as are missing.
+        ``remote``: the address (a multiaddr) each directly connected peer is connected from. A connected
+        peer counts in the block it is connected from, else in the block of what it announced: a peer that
+        fell out of ``known`` (its heartbeats late) kept its place, and the next Sybil of its block was dialled."""
         missing = self.config.target_peers - len(connected)
         if missing <= 0:
             return []
+        remote = remote or {}
         per_subnet: dict[str, int] = {}
         for peer in connected:
-            net = subnet_of(known.get(peer, ()))
+            net = subnet_of([remote[peer]]) if peer in remote else subnet_of(known.get(peer, ()))
             if net is not None:
                 per_subnet[net] = per_subnet.get(net, 0) + 1
         pool = [
@@ -110,11 +119,12 @@ class Peering:
         connected: Callable[[], set[str]],
         excluded: Callable[[], set[str]],
         dial: Dialer,
+        remote: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         while True:
             now = time.time()
             table = known()
-            for peer in self.candidates(table, connected(), excluded(), now):
+            for peer in self.candidates(table, connected(), excluded(), now, remote()):
                 how = await dial(peer, table[peer])
                 self.record(peer, how, time.time())
                 if how is not None:

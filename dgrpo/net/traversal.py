@@ -144,6 +144,20 @@ class Traversal:
         out += [f"{strip_p2p(Multiaddr(a))}/p2p/{me}" for a in self.config.announce]
         return list(dict.fromkeys(out))
 
+    def remote_addrs(self) -> dict[str, str]:
+        """For each peer with a direct connection, the address it is connected from (``/ip4/<ip>/tcp/<port>``):
+        what it is, not what it announces."""
+        out: dict[str, str] = {}
+        for peer, conns in list(self.host.get_network().connections.items()):
+            for conn in conns:
+                if connection_kind(conn) != "direct":
+                    continue
+                with suppress(Exception):
+                    ip, port = conn.muxed_conn.secured_conn.get_remote_address()
+                    out[peer.to_base58()] = f"/{'ip6' if ':' in ip else 'ip4'}/{ip}/tcp/{port}"
+                    break
+        return out
+
     def connections(self) -> dict[str, str]:
         """direct / relayed per connected peer (direct wins when a peer has both)."""
         out: dict[str, str] = {}
