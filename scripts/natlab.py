@@ -151,6 +151,53 @@ def down(lab: Lab) -> None:
             _run("ip", "netns", "del", ns, check=False)
 
 
+@dataclass(frozen=True)
+class Lan:
+    """A local network without a router: ``hosts`` namespaces on one bridge, ``10.9.0.<i+1>/24``, with a
+    route for multicast (mDNS) and none to anywhere else."""
+
+    prefix: str = "nl"
+    hosts: int = 2
+
+    @property
+    def switch(self) -> str:
+        return f"{self.prefix}-lan"
+
+    def host(self, i: int) -> str:
+        return f"{self.prefix}-m{i}"
+
+    def host_ip(self, i: int) -> str:
+        return f"10.9.0.{i + 1}"
+
+    def namespaces(self) -> list[str]:
+        return [self.switch, *(self.host(i) for i in range(1, self.hosts + 1))]
+
+
+def lan_up(lan: Lan) -> None:
+    lan_down(lan)
+    for ns in lan.namespaces():
+        _run("ip", "netns", "add", ns)
+        _ns(ns, "ip", "link", "set", "lo", "up")
+    _ns(lan.switch, "ip", "link", "add", "br0", "type", "bridge")
+    _ns(lan.switch, "ip", "link", "set", "br0", "up")
+    for i in range(1, lan.hosts + 1):
+        host = lan.host(i)
+        _run("ip", "-n", host, "link", "add", "eth0", "type", "veth", "peer", "name", f"{lan.prefix}p{i}")
+        _run("ip", "-n", host, "link", "set", f"{lan.prefix}p{i}", "netns", lan.switch)
+        _ns(lan.switch, "ip", "link", "set", f"{lan.prefix}p{i}", "master", "br0")
+        _ns(lan.switch, "ip", "link", "set", f"{lan.prefix}p{i}", "up")
+        _ns(host, "ip", "addr", "add", f"{lan.host_ip(i)}/24", "dev", "eth0")
+        _ns(host, "ip", "link", "set", "eth0", "up")
+        _ns(host, "ip", "route", "add", "224.0.0.0/4", "dev", "eth0")
+
+
+def lan_down(lan: Lan) -> None:
+    existing = _run("ip", "netns", "list", check=False).stdout.split()
+    for ns in lan.namespaces():
+        if ns in existing:
+            _run("ip", "netns", "del", ns, check=False)
+
+
 @dataclass
 class NsNode:
     """A ``dgrpo node run`` daemon inside one namespace of the lab."""

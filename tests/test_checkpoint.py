@@ -189,7 +189,7 @@ def test_allow_fresh_starts_a_new_node_and_moves_the_old_state_aside(tmp_path: P
     # Issue 23: with the key deleted, --allow-fresh made a new identity but resumed the old checkpoint (round
     # 98), replay state and 9 blacklisted peers; over corrupt checkpoints it started fresh but left the corrupt
     # files, so the next --resume refused again.
-    from dgrpo.daemon.daemon import open_daemon
+    from dgrpo.daemon.launch import open_daemon
     from dgrpo.daemon.settings import load_node_settings
 
     state = tmp_path / "node"

@@ -122,7 +122,7 @@ def test_one_peer_announcing_a_far_round_does_not_move_the_network(daemon: Daemo
 
 
 def test_a_joiner_takes_the_most_advanced_round_within_reach_of_the_median() -> None:
-    from dgrpo.daemon.daemon import joining_round
+    from dgrpo.daemon.membership import joining_round
 
     assert joining_round([]) == 0
     assert joining_round([7]) == 7

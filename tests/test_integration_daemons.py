@@ -69,6 +69,9 @@ def test_three_daemons_homogeneous(tmp_path: Path) -> None:
         assert status["messages_rejected"] == {}
         assert status["messages_accepted"] > 0
         assert set(status["peers"]) | {nd.peer_id} == peers or status["peers"] == []  # others may have left
+        # one run, one creator: node 0 signed the manifest, the others hold it; nobody refused anybody's
+        assert status["manifest"]["creator"] == nodes[0].peer_id and status["manifest"]["rejected_by_peer"] == {}
+        assert status["manifest"]["origin"] == ("created" if nd is nodes[0] else "kept")
 
 
 def test_kill_and_resume(tmp_path: Path) -> None:

@@ -234,6 +234,7 @@ def test_behind_symmetric_nats_peers_stay_relayed_and_complete_rounds(lab: Any, 
         assert not sa["network"]["hole_punched"] and not sb["network"]["hole_punched"]
         relay_status = status(relay)["network"]
         assert relay_status["relay_service_reservations"] == 2
+        assert relay_status["relay_service_bytes"] > 0, "the homes' rounds went through the relay"
     finally:
         for n in nodes:
             n.stop()
@@ -317,3 +318,114 @@ def test_a_hostile_bootstrap_forging_the_manifest_and_listing_sybils_cannot_capt
         for n in nodes:
             n.stop()
         keep_logs(nodes)
+
+
+def test_the_joining_guide(tmp_path: Path) -> None:
+    """docs/joining.md's walk-through, its commands run as written (as root, with the lab's name, this checkout's
+    interpreter and a temporary folder put in): a public testnet in the lab's internet, a home behind NAT joins it
+    with the one command the testnet printed, and trains with it."""
+    import re
+    import shlex
+    import subprocess
+
+    text = (ROOT / "docs" / "joining.md").read_text()
+    match = re.search(r"<!-- walkthrough -->\n```bash\n(.*?)```", text, re.S)
+    assert match, "docs/joining.md has the walk-through block"
+    lines = [line for line in match.group(1).splitlines() if line.strip()]
+    prefix = f"g{os.getpid() % 10000}"
+    why = natlab.unavailable()
+    if why is not None:
+        pytest.fail(f"cannot build the NAT lab here: {why}")
+
+    def command(line: str, **values: str) -> list[str]:
+        line = line.removeprefix("sudo ")
+        for key, value in values.items():
+            line = line.replace(key, value)
+        line = line.replace("scripts/natlab.py", f"{sys.executable} {ROOT / 'scripts' / 'natlab.py'}")
+        line = line.replace(".venv/bin/dgrpo", f"{sys.executable} -m dgrpo").replace("runs/", f"{tmp_path}/")
+        line = line.replace("--prefix nl", f"--prefix {prefix}").replace(" nl-", f" {prefix}-")
+        return shlex.split(line)
+
+    env = {**os.environ, "COLUMNS": "400", "PYTHONUNBUFFERED": "1"}
+
+    def run(line: str, **values: str) -> str:
+        done = subprocess.run(command(line, **values), capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    up, testnet, join, status_line, down, lab_down = lines
+    joiner: Any = None
+    try:
+        run(up)
+        printed = run(testnet)
+        found = re.search(
+            r"another machine joins with: dgrpo node join (\S+) --manifest-sha256 ([0-9a-f]{64})", printed
+        )
+        assert found, printed
+        address, sha = found.groups()
+        assert address.startswith(f"/ip4/{natlab.PUBLIC_NET}.1/tcp/"), "the testnet's public address, not loopback"
+        cmd = command(join, JOIN_ADDRESS=address, JOIN_SHA256=sha)
+        state = tmp_path / "home1"
+        state.mkdir()
+        log = (state / "node.log").open("wb")
+        joiner = natlab.NsNode("home1", f"{prefix}-h1", state, subprocess.Popen(cmd, stdout=log, stderr=log, env=env))
+        natlab.wait_for(
+            lambda: (
+                len([r for r in rounds(joiner) if len(r.get("authors") or ()) == 3]) >= 2
+                and reachability(joiner) == "private"
+            ),
+            240,
+            "the home node to train with both public nodes, knowing it is private",
+            [joiner],
+        )
+        st = status(joiner)
+        assert st["manifest"]["origin"] == "joined" and st["manifest"]["sha256"] == sha
+        assert st["network"]["relays"] and st["listen_addrs"][0].count("/p2p-circuit/") == 1
+        shown = " ".join(run(status_line).split())
+        assert "reachability: private" in shown and "relay slots on" in shown, shown
+        assert all((tmp_path / "public" / f"node-{i}" / "node.json").exists() for i in range(2))
+        run(down)
+    finally:
+        if joiner is not None:
+            joiner.stop()
+            keep_logs([joiner])
+        subprocess.run(command(lab_down), capture_output=True, timeout=60)
+
+
+def test_mdns_finds_a_peer_on_the_lan_without_any_bootstrap(tmp_path: Path) -> None:
+    """Discovery on a LAN (opt-in, ``network.traversal.mdns``): two daemons on one bridge, neither given a
+    bootstrap address, find each other by mDNS (py-libp2p's, through zeroconf) and train together."""
+    why = natlab.unavailable()
+    if why is not None:
+        pytest.fail(f"cannot build the LAN here: {why}")
+    lan = natlab.Lan(prefix=f"m{os.getpid() % 10000}")
+    natlab.lan_up(lan)
+    nodes: list[Any] = []
+    try:
+        for i in (1, 2):
+            args = [
+                "--listen", f"/ip4/{lan.host_ip(i)}/tcp/4001", "--run-id", "lanrun", "--max-rounds", "20",
+                "--set", "network.traversal.mdns=true", "--set", "rounds.min_peers=1", "--set", "status.port=0",
+                "--set", "rounds.heartbeat_seconds=0.5", "--set", "rounds.deadline_seconds=30",
+            ]  # fmt: skip
+            nodes.append(natlab.launch(f"M{i}", lan.host(i), tmp_path / f"M{i}", args))
+        m1, m2 = nodes
+        natlab.wait_for(lambda: all(n.status() is not None for n in nodes), 120, "both LAN nodes up", nodes)
+        natlab.wait_for(
+            lambda: all(peer(other) in (status(n).get("connected_peers") or []) for n, other in ((m1, m2), (m2, m1))),
+            90,
+            "the two LAN nodes to find each other by mDNS",
+            nodes,
+        )
+        natlab.wait_for(
+            lambda: all(len(full_rounds(n, {peer(m1), peer(m2)})) >= 2 for n in nodes),
+            180,
+            "2 rounds in which each trained on both",
+            nodes,
+        )
+        assert status(m1)["gossip"]["bootstrap_attempts"] == 0, "no bootstrap was given"
+    finally:
+        for n in nodes:
+            n.stop()
+        keep_logs(nodes)
+        natlab.lan_down(lan)

@@ -28,6 +28,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.host.autonat.autonat import AUTONAT_PROTOCOL_ID, AutoNATService, AutoNATStatus
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
+from libp2p.utils.varint import encode_varint_prefixed, read_varint_prefixed_bytes
 from multiaddr import Multiaddr
 
 from dgrpo.net.gossip import GossipConfig, GossipNode
@@ -120,6 +121,33 @@ def test_dial_back_autonat_really_dials() -> None:
                 assert await ask(autonat, server_id, [closed, real], timeout=ASK_TIMEOUT) == Message.OK
                 assert ID.from_base58(client.peer_id) in server._host.get_network().connections
                 assert server.peer_id in client.connected_peers()
+
+    trio.run(main)
+
+
+def test_dial_back_autonat_dials_back_only_the_peer_that_asks() -> None:
+    """py-libp2p's server dials whichever peer id a request names; ours refuses a request about another peer
+    (E_BAD_REQUEST), so a peer cannot have the server probe someone else."""
+
+    async def main() -> None:
+        with trio.fail_after(40):
+            async with server_and_client() as (server, client):
+                server_id = ID.from_base58(server.peer_id)
+                ours = DialBackAutoNAT(server._host, dial_back_timeout=3.0)
+                other = ID.from_pubkey(create_new_key_pair().public_key)
+                request = Message(type=Message.DIAL)
+                request.dial.peer.id = other.to_bytes()
+                request.dial.peer.addrs.append(listen_addr(client).to_bytes())
+                stream = await client._host.new_stream(server_id, [AUTONAT_PROTOCOL_ID])
+                await stream.write(encode_varint_prefixed(request.SerializeToString()))
+                answer = Message()
+                answer.ParseFromString(await read_varint_prefixed_bytes(stream))
+                await stream.close()
+                assert answer.dialResponse.status == Message.E_BAD_REQUEST
+                assert (ours.bad_requests, ours.dial_backs) == (1, 0)
+                # the same request about itself is dialled back
+                real = listen_addr(client)
+                assert await ask(client.traversal.autonat, server_id, [real], timeout=ASK_TIMEOUT) == Message.OK
 
     trio.run(main)
 
@@ -308,3 +336,13 @@ PEER = "12D3KooWH3uVF6wv47WnArKHk5p6cvgCJEb74UTmxztmQDc298L3"
 )
 def test_strip_p2p(addr: str, expected: str) -> None:
     assert str(strip_p2p(Multiaddr(addr))) == expected
+
+
+def test_verdicts_expire() -> None:
+    import time as _time
+
+    r = Reachability(confirmations=1, max_age=60.0)
+    r.verdicts["old"] = (True, _time.time() - 61.0)
+    assert r.status == UNKNOWN and r.snapshot()["dialled_back_by"] == []
+    r.record("new", Message.E_DIAL_ERROR)
+    assert r.status == PRIVATE  # the stale "public" from a server long gone does not outvote it

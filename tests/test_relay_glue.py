@@ -139,11 +139,17 @@ def test_b_reaches_a_through_the_relay() -> None:
                 assert b.traversal.client.relayed_dials == 1
                 await until(lambda: b.peer_id in a.traversal.connections())
                 assert a.traversal.connections()[b.peer_id] == "relayed"
-                # The connection carries streams (over R, which only relays bytes) ...
+                # The connection carries streams (over R, which only relays bytes, and counts them) ...
+                relayed = nodes.relay.traversal.protocol.relayed_bytes
                 stream = await b.open_stream(a.peer_id, ECHO)
                 await stream.write(b"hello")
                 assert await stream.read_exactly(5) == b"hello"
                 await stream.close()
+                assert nodes.relay.traversal.protocol.relayed_bytes >= relayed + 10  # noise-framed, both ways
+                assert (
+                    nodes.relay.traversal.snapshot()["relay_service_bytes"]
+                    == nodes.relay.traversal.protocol.relayed_bytes
+                )
                 # ... and gossip: a pubsub stream each way.
                 await until(lambda: a.peer_id in b.connected_peers() and b.peer_id in a.connected_peers())
                 assert b.traversal.connections()[a.peer_id] == "relayed"  # still: nothing dialled A directly

@@ -330,6 +330,7 @@ def test_a_program_reaches_no_other_jobs_program(arith: ArithCodeTask) -> None:
     scanner = CONTROL + GRAPH_SCAN + f"print(*scan([{halves(marker)}, {halves('CTRLAAAACTRLBBBB')}]))\n"
     results = arith.sandbox.run_jobs([(honest, ""), (scanner, ""), (honest, "")], max_workers=1)
     assert results[1].ok, results[1].stderr
+    assert " " in results[1].stdout.strip(), f"stdout {results[1].stdout!r} stderr {results[1].stderr!r}"
     objects, found = results[1].stdout.split(" ", 1)
     assert int(objects) > 10_000  # it walked the interpreter
     assert found.strip() == "['CTRLAAAA']"  # its own program: yes; the jobs before and after it: no
@@ -341,6 +342,7 @@ def test_a_candidate_reaches_no_tests(humaneval: HumanEvalTask) -> None:
     solution = CONTROL + GRAPH_SCAN + f"def f():\n    print(*scan([{halves(marker)}, {halves('CTRLAAAACTRLBBBB')}]))\n"
     [result] = humaneval.sandbox.run_functions([FunctionJob(solution, tests, "f")])
     assert result.ok, result.stderr
+    assert " " in result.stdout.strip(), f"stdout {result.stdout!r} stderr {result.stderr!r}"  # once, in CI
     objects, found = result.stdout.split(" ", 1)
     assert int(objects) > 10_000
     assert found.strip() == "['CTRLAAAA']"

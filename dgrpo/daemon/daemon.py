@@ -17,9 +17,6 @@ import logging
 import signal
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
-from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,14 +24,16 @@ import trio
 
 from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
-from dgrpo.daemon.fresh import FreshStart, move_aside
+from dgrpo.daemon.fresh import FreshStart
 from dgrpo.daemon.identity import check_resume, load_identity
 from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
 from dgrpo.daemon.manifest_exchange import ManifestService
+from dgrpo.daemon.membership import joining_round, lower_median
 from dgrpo.daemon.monitor import PoisonMonitor
-from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog, outcome_json
+from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog
 from dgrpo.daemon.run_manifest import base_weights, hold_manifest, refused_at_join
 from dgrpo.daemon.settings import NodeSettings
+from dgrpo.daemon.snapshot import node_snapshot
 from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
 from dgrpo.errors import ConfigError
 from dgrpo.net.gossip import GossipConfig, GossipNode
@@ -52,27 +51,6 @@ from dgrpo.round.run import run_round
 from dgrpo.tasks import get_task
 
 log = logging.getLogger("dgrpo.daemon")
-
-
-def lower_median(rounds: Iterable[int]) -> int:
-    """The lower median of peers' rounds (one peer naming a far-off round cannot move it); 0 for none."""
-    ordered = sorted(rounds)
-    return ordered[(len(ordered) - 1) // 2] if ordered else 0
-
-
-JOIN_SPREAD = 2  # rounds a joiner believes peers may be ahead of the lower median of those under way
-
-
-def joining_round(rounds: Iterable[int]) -> int:
-    """The round a joiner takes the network to be in, from the rounds its peers under way announce: the most
-    advanced one's, but never more than ``JOIN_SPREAD`` past their lower median. Taking the plain maximum let
-    one peer (a Sybil a hostile bootstrap lists) send every joiner to a far-off round, alone there for good
-    (catching up only moves forward); peers at a round boundary differ by one."""
-    ordered = sorted(rounds)
-    if not ordered:
-        return 0
-    median = lower_median(ordered)
-    return max(r for r in ordered if r <= median + JOIN_SPREAD)
 
 
 class Daemon:
@@ -244,67 +222,8 @@ class Daemon:
             self._blacklist(peer, f"{self.arrival_evidence[peer]} rollouts rejected as {reason}")
 
     def snapshot(self) -> dict[str, Any]:
-        wire = self._transport_statistics()
-        admission = self._admission_statistics()
-        counters = self.counters
-        last = counters.last
-        transport = self.transport
-        gossip = self.gossip
-        return {
-            "peer_id": self.peer_id,
-            "run_id": self.settings.run_id,
-            "mode": self.settings.mode,
-            "state": self.state,
-            "round": self.round,
-            "rounds_done": self.rounds_done,
-            "peers": sorted(transport.peers()) if transport else [],
-            "connected_peers": sorted(gossip.connected_peers()) if gossip else [],
-            "listen_addrs": gossip.listen_addrs() if gossip else [],
-            "network": gossip.traversal.snapshot() if gossip else None,
-            "mean_reward": last.scoring.mean_reward if last else None,
-            "last_round": outcome_json(last) if last else None,
-            "messages_accepted": wire.accepted,
-            "messages_rejected": dict(wire.rejected_by_reason),
-            "rejected_by_peer": dict(wire.rejected_by_peer),
-            "rejected_by_peer_reason": {peer: dict(reasons) for peer, reasons in wire.rejected_by_peer_reason.items()},
-            "messages_dropped": dict(wire.dropped),
-            "equivocating_peers": list(wire.equivocating_peers),
-            "gossip": asdict(gossip.statistics()) if gossip else None,
-            "round_rejections": dict(admission.rejected_by_reason),
-            "round_rejections_by_peer": dict(admission.rejected_by_author),
-            "round_rejections_by_peer_reason": admission.rejected_by_author_reason,
-            "completions_trained": counters.completions_trained,
-            "completions_trained_by_author": dict(counters.trained_by_author),
-            "poison_monitor": self.monitor.snapshot(),
-            "adversary": None
-            if self.node.adversary is None
-            else {"name": self.node.adversary.name, **self.node.adversary.stats.as_dict()},
-            "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
-            "catch_ups": self.catch_ups,
-            "arrival_evidence": dict(self.arrival_evidence),
-            "last_departed": list(last.departed) if last else [],
-            "stuck_peers": sorted(gossip.stuck_peers()) if gossip else [],
-            "dropped_to_peer": gossip.dropped_to_peer() if gossip else {},
-            "defense": None
-            if self.node.defense is None
-            else {
-                "chain": self.node.defense.names,
-                "checked_by_author": dict(counters.defense_checked_by_author),
-                "rejected_by_author": dict(counters.defense_rejected_by_author),
-                "rejected_by_reason": dict(counters.defense_rejected_by_reason),
-                "reputation": self.reputation.snapshot() if self.reputation is not None else {},
-                "blacklisted": dict(self.reputation.blacklisted) if self.reputation is not None else {},
-            },
-            "reward": {
-                "isolation": self.node.task.reward_isolation(),
-                "seconds_last_round": last.scoring.seconds if last else None,
-                **self.metrics_observer.reward_counts,
-            },
-            "weights_sha256": self.learner.weights_digest() if self.state == "stopped" else None,
-            "last_errors": list(self.errors),
-            "status_url": self.status_url,
-            "manifest": self.manifest.snapshot(),
-        }
+        """What ``/status`` serves (:func:`dgrpo.daemon.snapshot.node_snapshot`)."""
+        return node_snapshot(self)
 
     def write_node_file(self) -> None:
         info = {
@@ -538,36 +457,3 @@ class Daemon:
         if server is not None:
             server.stop()
         log.info("stopped cleanly after %d rounds", self.rounds_done)
-
-
-def open_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> Daemon:
-    """The daemon of ``settings``: resumed from its state (``resume``), or, with ``allow_fresh``, a new node
-    where resuming is impossible (or always, without ``resume``), the old state moved aside
-    (:mod:`dgrpo.daemon.fresh`)."""
-    if settings.mode == "federated":
-        from dgrpo.daemon.federated import FederatedDaemon  # imports this module
-
-        cls: type[Daemon] = FederatedDaemon
-    else:
-        cls = Daemon
-    if allow_fresh and not resume:
-        move_aside(settings, "a fresh node was asked for")
-        return cls(settings)
-    try:
-        return cls(settings, resume=resume, allow_fresh=allow_fresh)
-    except FreshStart as why:
-        move_aside(settings, str(why))
-        return cls(settings)
-
-
-def run_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
-    trio.run(open_daemon(settings, resume, allow_fresh).run)
-
-
-def read_node_file(state_dir: Path) -> dict[str, Any] | None:
-    path = state_dir / "node.json"
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None

@@ -34,7 +34,7 @@ import trio
 
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
-from dgrpo.daemon.daemon import Daemon, lower_median
+from dgrpo.daemon.daemon import Daemon
 from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of, updates_complete
 from dgrpo.daemon.fed_sync import (
     MAX_SOURCES,
@@ -46,6 +46,7 @@ from dgrpo.daemon.fed_sync import (
     named_aggregator,
 )
 from dgrpo.daemon.identity import check_resume
+from dgrpo.daemon.membership import lower_median
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.errors import ConfigError
 from dgrpo.federated.agreement import agree

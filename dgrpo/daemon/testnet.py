@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dgrpo.config import needs_seeded_sampler
-from dgrpo.daemon.daemon import read_node_file
+from dgrpo.daemon.launch import read_node_file
 from dgrpo.errors import ConfigError, DgrpoError
 from dgrpo.protocol.identity import Identity
 
@@ -180,6 +181,17 @@ def join_command(node: NetNode) -> str:
     return f"dgrpo node join {(public or addrs or ['<address>'])[0]}{pin}"
 
 
+def share_manifest(creator: Path, state: Path) -> None:
+    """One run, one creator: node 0 signs the run's manifest, the others hold it (their settings are node 0's
+    but for local keys), as joiners would, instead of each signing its own and seeing the others' as
+    ``wrong_creator``. Not in a heterogeneous testnet: its nodes run different models, each its own run manifest."""
+    from dgrpo.daemon.run_manifest import MANIFEST_FILE
+
+    state.mkdir(parents=True, exist_ok=True)
+    if not (state / MANIFEST_FILE).exists() and (creator / MANIFEST_FILE).exists():
+        shutil.copyfile(creator / MANIFEST_FILE, state / MANIFEST_FILE)
+
+
 def start_testnet(
     n: int,
     out: Path,
@@ -200,6 +212,8 @@ def start_testnet(
     nodes: list[NetNode] = []
     for i in range(n):
         bootstrap = [tcp_address(nd) for nd in nodes]
+        if nodes and mode != "heterogeneous":
+            share_manifest(nodes[0].state_dir, out / f"node-{i}")
         nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, extra, config, adversary))
     (out / "testnet.json").write_text(
         json.dumps({"pids": [nd.process.pid for nd in nodes], "peers": [nd.peer_id for nd in nodes]}, indent=2)

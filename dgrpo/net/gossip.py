@@ -24,7 +24,6 @@ with the behaviours that lose messages silently worked around (``shared/notes/li
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -39,24 +38,21 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.discovery.events.peerDiscovery import peerDiscovery
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, PROTOCOL_ID_V12
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
-from multiaddr.utils import get_thin_waist_addresses
 
 from dgrpo.errors import DgrpoError
+from dgrpo.net.discovery import Discovery
 from dgrpo.net.gossip_config import LIBP2P_MAX_RPC_BYTES
 from dgrpo.net.gossip_config import GossipConfig as GossipConfig  # re-exported: the node's settings
-from dgrpo.net.host import dial_addrs, forget_dial_failures, queue_idle, resource_manager, trim_router_state
 from dgrpo.net.host import noise_only as noise_only  # re-exported
+from dgrpo.net.host import queue_idle, resource_manager, trim_router_state
 from dgrpo.net.own_dialers import ROUTER_OPTIONS, disable_auto_connector
-from dgrpo.net.peering import Peering
 from dgrpo.net.pubsub import DeliveringPubsub, ReceiptGossipSub
-from dgrpo.net.reachability import strip_p2p
-from dgrpo.net.streams import Stream, StreamError, StreamHandler
-from dgrpo.net.traversal import Traversal, is_circuit
+from dgrpo.net.streams import Stream, StreamError, StreamHandler, serve
+from dgrpo.net.traversal import Traversal
 from dgrpo.net.traversal_config import TraversalConfig
 from dgrpo.protocol.counting import PeerReasons
 
@@ -66,7 +62,6 @@ MAX_TOPIC_BYTES = 256
 POLL_SECONDS = 0.002  # for waits py-libp2p signals no event for (queue lengths, peer counts)
 OVERSIZE_RPC = "oversize_rpc"  # an inbound RPC over max_inbound_rpc_size, decided here, before any validator
 TRANSPORT_REASONS = (OVERSIZE_RPC,)
-MAX_DISCOVERED = 256  # peers mDNS found, kept as dial candidates
 OVERSIZE_LOG_SECONDS = 10.0  # a flooding peer gets one log line per this many seconds, with the count it sent
 
 Validator = Callable[[bytes, str, str], bool]
@@ -124,11 +119,6 @@ def drained(send: trio.MemorySendChannel[Any]) -> bool:
     return stats.current_buffer_used == 0 and stats.tasks_waiting_receive > 0
 
 
-def _is_wildcard(addr: Multiaddr) -> bool:
-    text = str(addr)
-    return text.startswith(("/ip4/0.0.0.0/", "/ip6/::/"))
-
-
 def _peer_id(peer_id: str) -> ID:
     try:
         peer = ID.from_base58(peer_id)
@@ -147,10 +137,6 @@ class GossipNode:
         self.traversal_config = traversal or TraversalConfig()
         self.traversal = Traversal(host, self.traversal_config)
         self.peer_id: str = host.get_id().to_base58()
-        # Seeded by the node: every node draws its peer-exchange candidates in an order of its own.
-        seed = int.from_bytes(hashlib.sha256(self.peer_id.encode()).digest()[:8], "big")
-        self.peering = Peering(self.traversal_config, self.peer_id, seed=seed)
-        self._discovered: dict[str, tuple[str, ...]] = {}  # mDNS: peer -> addresses, dial candidates
         router_options: dict[str, Any] = {  # a dict: py-libp2p annotates heartbeat_interval as int; it sleeps on it
             "protocols": [PROTOCOL_ID_V12, PROTOCOL_ID_V11],
             "degree": config.degree,
@@ -173,6 +159,8 @@ class GossipNode:
         self._pubsub.counter = time.time_ns()
         self._inboxes: dict[str, tuple[trio.MemorySendChannel[GossipMessage], bool]] = {}
         self._counts: Counter[str] = Counter()
+        self.discovery = Discovery(host, config, self.traversal, self._counts, self.blacklisted)
+        self.peering = self.discovery.peering
         self._rejected = PeerReasons(config.max_tracked_peers)  # rejections decided here, by peer and reason
         self._log_gate: dict[str, tuple[float, int]] = {}  # peer -> (time of its last log line, events since)
         self._on_rejection: Callable[[str, str], None] = lambda peer, reason: None
@@ -206,7 +194,7 @@ class GossipNode:
         disable_auto_connector(host)  # whom to dial is the peering loop's decision (dgrpo.net.own_dialers)
         node = cls(config, host, tc)
         if tc.mdns:  # py-libp2p's mDNS only fills the peer store; the peering loop dials what it finds
-            peerDiscovery.register_peer_discovered_handler(node.on_discovered)
+            peerDiscovery.register_peer_discovered_handler(node.discovery.on_discovered)
         async with (
             host.run(listen_addrs=listen),
             background_trio_service(node._pubsub),
@@ -215,7 +203,7 @@ class GossipNode:
             await node._pubsub.wait_until_ready()
             async with node.traversal.running(), trio.open_nursery() as nursery:
                 for addr in config.bootstrap:
-                    nursery.start_soon(node._keep_dialled, addr)
+                    nursery.start_soon(node.discovery.keep_dialled, addr)
                 nursery.start_soon(node._housekeeping)
                 clean = False
                 try:
@@ -230,47 +218,24 @@ class GossipNode:
                         await host.close()
                     for send, _ in node._inboxes.values():
                         send.close()
-                    peerDiscovery.unregister_peer_discovered_handler(node.on_discovered)
+                    peerDiscovery.unregister_peer_discovered_handler(node.discovery.on_discovered)
                     nursery.cancel_scope.cancel()
 
     def listen_addrs(self) -> list[str]:
-        """What we announce: full multiaddrs ending in ``/p2p/<peer id>``, the ``/p2p-circuit`` ones of the relay
-        slots we hold first, then those we listen on (with the bound port) and those configured."""
-        return self.traversal.announced_addrs([str(addr) for addr in self._host.get_addrs()])
+        """What we announce (:meth:`dgrpo.net.discovery.Discovery.listen_addrs`): circuits first."""
+        return self.discovery.listen_addrs()
 
     def local_addrs(self) -> list[str]:
-        """The addresses we listen on, with ``/p2p/<peer id>`` (no circuits). A wildcard (``0.0.0.0``, ``::``)
-        is no address to dial: it stands for each of this machine's interface addresses (py-libp2p's
-        ``get_addrs`` returns it as is, and heartbeats announced ``/ip4/0.0.0.0/...``)."""
-        out: list[str] = []
-        for addr in self._host.get_addrs():
-            head = strip_p2p(addr)
-            expanded = get_thin_waist_addresses(head) if _is_wildcard(head) else [head]
-            out += [f"{a}/p2p/{self.peer_id}" for a in (expanded or [head])]
-        return list(dict.fromkeys(out))
-
-    def on_discovered(self, info: PeerInfo) -> None:
-        """mDNS found ``info`` on the local network: a dial candidate for the peering loop. Called from
-        zeroconf's thread: one dict assignment, bounded."""
-        peer = info.peer_id.to_base58()
-        if peer != self.peer_id and (peer in self._discovered or len(self._discovered) < MAX_DISCOVERED):
-            self._discovered[peer] = tuple(f"{a}/p2p/{peer}" for a in info.addrs[:8])
+        """The addresses we listen on, with ``/p2p/<peer id>`` (no circuits; wildcards expanded)."""
+        return self.discovery.local_addrs()
 
     async def dial(self, peer_id: str, addrs: Sequence[str]) -> str | None:
-        """Connect to ``peer_id`` at ``addrs`` (direct first, then ``/p2p-circuit``): "direct", "relayed" or None."""
-        mine = [a for a in addrs if a.endswith(f"/p2p/{peer_id}")]
-        return await self.traversal.dial(peer_id, mine, self.config.dial_timeout)
+        """Connect to ``peer_id`` at ``addrs``: "direct", "relayed" or None (:meth:`Discovery.dial`)."""
+        return await self.discovery.dial(peer_id, addrs)
 
     async def exchange_peers(self, known: Callable[[], Mapping[str, Sequence[str]]]) -> None:
-        """Keep ``target_peers`` connections, dialling peers from ``known()`` (peer id -> announced addresses,
-        from heartbeats) as :class:`dgrpo.net.peering.Peering` chooses. Runs until cancelled."""
-        await self.peering.run(
-            lambda: {**self._discovered, **known()},
-            lambda: {p.to_base58() for p in self._host.get_connected_peers()},
-            self.blacklisted,
-            self.dial,
-            self.traversal.remote_addrs,
-        )
+        """Keep ``target_peers`` connections (:meth:`Discovery.exchange_peers`). Runs until cancelled."""
+        await self.discovery.exchange_peers(known)
 
     def connected_peers(self) -> set[str]:
         """Peers with an open pubsub stream (connected and ready to gossip)."""
@@ -395,32 +360,18 @@ class GossipNode:
 
     # ----------------------------------------------------------------- request/response streams
     def serve_streams(self, protocol: str, handler: StreamHandler) -> None:
-        """Answer streams of ``protocol`` with ``handler`` (one task per stream, run by the host). An exception
-        in the handler is logged and the stream reset: it must not reach libp2p's connection tasks."""
-
-        async def on_stream(raw: Any) -> None:
-            stream = Stream(raw, raw.muxed_conn.peer_id.to_base58())
-            try:
-                await handler(stream)
-            except Exception:
-                logger.warning("serving %s to %s failed", protocol, stream.peer, exc_info=True)
-                await stream.reset()
-
-        self._host.set_stream_handler(TProtocol(protocol), on_stream)
+        """Answer streams of ``protocol`` with ``handler`` (:func:`dgrpo.net.streams.serve`)."""
+        serve(self._host, protocol, handler)
 
     async def open_stream(self, peer_id: str, protocol: str, addrs: Sequence[str] = ()) -> Stream:
         """A new stream of ``protocol`` to ``peer_id``, dialling it first at ``addrs`` (multiaddrs ending in
         ``/p2p/<peer_id>``; others are ignored) when we are not connected. :class:`StreamError` on failure."""
         try:
             peer = _peer_id(peer_id)
-            if peer not in self._host.get_connected_peers():
-                circuits = [a for a in addrs if is_circuit(a) and a.endswith(f"/p2p/{peer_id}")]
-                dial = dial_addrs(peer, [a for a in addrs if not is_circuit(a)])
-                if dial:
-                    with trio.fail_after(self.config.dial_timeout):
-                        await self._host.connect(PeerInfo(peer, dial))
-                elif circuits:
-                    await self.traversal.dial(peer_id, circuits, self.config.dial_timeout)
+            # Dialled as peer exchange dials (circuits first: a peer that announces one says it is not publicly
+            # reachable, and its direct addresses are private ones a dial would wait out).
+            if peer not in self._host.get_connected_peers() and addrs and await self.dial(peer_id, addrs) is None:
+                raise GossipError(f"no address of {peer_id} answered")
             raw = await self._host.new_stream(peer, [TProtocol(protocol)])
         except Exception as error:  # unreachable, protocol not supported, a dial timeout, a bad peer id
             raise StreamError(f"cannot open {protocol} to {peer_id}: {type(error).__name__}: {error}") from error
@@ -545,35 +496,3 @@ class GossipNode:
         while True:
             await trio.sleep(self.config.heartbeat_interval)
             trim_router_state(self._router, self.config.equivocation_cache)
-
-    async def _keep_dialled(self, addr: str) -> None:
-        """Dial a bootstrap peer until connected, backing off exponentially, and again whenever it drops. Failures
-        are logged, never raised: an unreachable bootstrap peer must not take the node down."""
-        circuit = is_circuit(addr)  # a node behind NAT can offer a testnet through its relay slot
-        target = ID.from_base58(addr.rsplit("/p2p/", 1)[1])
-        info = PeerInfo(target, []) if circuit else info_from_p2p_addr(Multiaddr(addr))
-        delay, failures = self.config.bootstrap_backoff_initial, 0
-        while info.peer_id != self._host.get_id() and not self._pubsub.is_peer_blacklisted(info.peer_id):
-            if info.peer_id not in self._host.get_connected_peers():
-                self._counts["bootstrap_attempts"] += 1
-                forget_dial_failures(self._host, info.peer_id)
-                try:
-                    with trio.fail_after(self.config.dial_timeout):
-                        if circuit:
-                            if not await self.traversal.client.dial(addr, self.config.dial_timeout):
-                                raise GossipError("relayed dial failed")
-                        else:
-                            await self._host.connect(info)
-                except Exception as error:
-                    self._counts["bootstrap_failures"] += 1
-                    failures += 1
-                    reason = f"{type(error).__name__}: {error}".replace("\n", " ")
-                    logger.warning(
-                        "bootstrap dial to %s failed (%d in a row, %s); retrying in %s s", addr, failures, reason, delay
-                    )
-                    await trio.sleep(delay)
-                    delay = min(2 * delay, self.config.bootstrap_backoff_max)
-                    continue
-                logger.info("connected to bootstrap peer %s", addr)
-                delay, failures = self.config.bootstrap_backoff_initial, 0
-            await trio.sleep(self.config.heartbeat_interval)  # then check the connection is still there

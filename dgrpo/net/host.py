@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
-from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any
 
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.rcmgr import ResourceLimits, ResourceManager
 from libp2p.rcmgr.cidr_limits import CIDRLimiter
 from libp2p.rcmgr.connection_limits import ConnectionLimits
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
-from multiaddr import Multiaddr
 
 
 def noise_only(key_pair: Any) -> dict[TProtocol, Any]:
@@ -27,18 +23,6 @@ def noise_only(key_pair: Any) -> dict[TProtocol, Any]:
     messages are still signed, but the connection's peer id, which gossipsub credits as the forwarder, is not
     proven). go- and js-libp2p speak noise by default."""
     return {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)}
-
-
-def dial_addrs(peer: ID, addrs: Sequence[str]) -> list[Multiaddr]:
-    """The transport addresses of ``addrs`` (as heartbeats announce them, ``.../p2p/<id>``) that name ``peer``;
-    unparsable ones are skipped: they come from the network."""
-    out: list[Multiaddr] = []
-    for addr in addrs:
-        with suppress(Exception):
-            info = info_from_p2p_addr(Multiaddr(addr))
-            if info.peer_id == peer:
-                out.extend(info.addrs)
-    return out
 
 
 def queue_idle(queue: Any) -> bool:

@@ -19,6 +19,7 @@ port-forwarded router would serve.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Sequence
@@ -36,13 +37,37 @@ log = logging.getLogger(__name__)
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 
 
+_ASKER: contextvars.ContextVar[ID | None] = contextvars.ContextVar("dgrpo_autonat_asker", default=None)
+
+
 class DialBackAutoNAT(AutoNATService):
-    """AutoNAT whose server really dials back (bug 1 above)."""
+    """AutoNAT whose server really dials back (bug 1 above), and only the peer that asks: a request naming
+    another peer id is ``E_BAD_REQUEST`` (py-libp2p dials whichever id the request names)."""
 
     def __init__(self, host: Any, dial_back_timeout: float, confirmations: int = 1) -> None:
         super().__init__(host, serve=True, confirmations=confirmations)
         self.dial_back_timeout = dial_back_timeout
         self.dial_backs = 0  # dial-backs we made for others (served requests)
+        self.bad_requests = 0
+
+    async def handle_stream(self, stream: Any) -> None:
+        token = _ASKER.set(getattr(getattr(stream, "muxed_conn", None), "peer_id", None))
+        try:
+            await super().handle_stream(stream)
+        finally:
+            _ASKER.reset(token)
+
+    async def _handle_dial(self, message: Message, observed_ip: str | None, is_relayed: bool) -> Message:
+        asker = _ASKER.get()
+        if asker is not None and bytes(message.dial.peer.id) != asker.to_bytes():
+            self.bad_requests += 1
+            response = Message()
+            response.type = Message.DIAL_RESPONSE
+            response.dialResponse.status = Message.E_BAD_REQUEST
+            response.dialResponse.statusText = "the peer to dial back is not the peer asking"
+            return response
+        result: Message = await super()._handle_dial(message, observed_ip, is_relayed)
+        return result
 
     async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
         network: Any = self.host.get_network()  # the Swarm: its transports and upgrader
@@ -77,8 +102,13 @@ class Reachability:
     """What AutoNAT servers told us, newest verdict per server, and what we conclude from them."""
 
     confirmations: int = 1
+    max_age: float | None = None  # seconds a verdict counts (addresses and NAT mappings change); None: always
     verdicts: dict[str, tuple[bool, float]] = field(default_factory=dict)  # server -> (dialled us back, when)
     no_answer: dict[str, str] = field(default_factory=dict)  # server -> why it gave no verdict
+
+    def _fresh(self) -> dict[str, bool]:
+        now = time.time()
+        return {s: ok for s, (ok, at) in self.verdicts.items() if self.max_age is None or now - at <= self.max_age}
 
     def record(self, server: str, status: int) -> None:
         self.no_answer.pop(server, None)
@@ -93,8 +123,9 @@ class Reachability:
     def status(self) -> str:
         """public / private once ``confirmations`` servers agree and they outnumber the others; else unknown.
         A majority, not any one server: a hostile peer alone cannot talk a private node out of using relays."""
-        yes = sum(1 for ok, _ in self.verdicts.values() if ok)
-        no = len(self.verdicts) - yes
+        fresh = self._fresh()
+        yes = sum(1 for ok in fresh.values() if ok)
+        no = len(fresh) - yes
         if yes >= self.confirmations and yes > no:
             return PUBLIC
         if no >= self.confirmations and no > yes:
@@ -104,8 +135,8 @@ class Reachability:
     def snapshot(self) -> dict[str, Any]:
         return {
             "status": self.status,
-            "dialled_back_by": sorted(s for s, (ok, _) in self.verdicts.items() if ok),
-            "not_dialled_back_by": sorted(s for s, (ok, _) in self.verdicts.items() if not ok),
+            "dialled_back_by": sorted(s for s, ok in self._fresh().items() if ok),
+            "not_dialled_back_by": sorted(s for s, ok in self._fresh().items() if not ok),
             "no_verdict": dict(sorted(self.no_answer.items())),
         }
 

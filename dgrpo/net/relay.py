@@ -38,6 +38,22 @@ log = logging.getLogger(__name__)
 RENEW_BEFORE_SECONDS = 60  # renew a slot this long before it expires
 
 
+class CountingRelay(CircuitV2Protocol):
+    """py-libp2p's circuit relay v2 (hop and stop), counting the bytes it relays for others, both directions
+    together (py-libp2p keeps per-circuit budgets only): ``/status`` ``network.relay_service_bytes``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.relayed_bytes = 0
+
+    async def _read_stream_with_retry(self, *args: Any, **kwargs: Any) -> bytes | None:
+        # Read only by _relay_data, once per chunk it forwards.
+        data: bytes | None = await super()._read_stream_with_retry(*args, **kwargs)
+        if data:
+            self.relayed_bytes += len(data)
+        return data
+
+
 def relay_limits(config: RelayLimitsConfig) -> RelayLimits:
     return RelayLimits(
         duration=config.duration_seconds,
@@ -115,7 +131,10 @@ class RelayClient:
             self.reservation_failures += 1
             self.slots.pop(relay, None)
             return
-        expires = float(self.transport._reservations.get(peer, time.time() + 3600))
+        now = time.time()
+        expires = float(self.transport._reservations.get(peer, 0) or 0)
+        if expires <= now + RENEW_BEFORE_SECONDS:  # an answer without a usable expiry: renew in a few minutes,
+            expires = now + 5 * RENEW_BEFORE_SECONDS  # not at every pass of the loop
         if relay not in self.slots:
             log.info("reserved a relay slot on %s; reachable at %s/p2p/%s/p2p-circuit", relay, addrs[0], relay)
         self.slots[relay] = Slot(relay, tuple(addrs), expires, id(conns[0]))

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from libp2p.custom_types import TProtocol
+
 from dgrpo.errors import DgrpoError
 
 log = logging.getLogger(__name__)
@@ -68,3 +70,18 @@ class Stream:
 
 StreamHandler = Callable[[Stream], Awaitable[None]]
 """Serves one inbound stream; it owns the stream (closes or resets it)."""
+
+
+def serve(host: Any, protocol: str, handler: StreamHandler) -> None:
+    """Answer streams of ``protocol`` with ``handler`` (one task per stream, run by the host). An exception in the
+    handler is logged and the stream reset: it must not reach libp2p's connection tasks."""
+
+    async def on_stream(raw: Any) -> None:
+        stream = Stream(raw, raw.muxed_conn.peer_id.to_base58())
+        try:
+            await handler(stream)
+        except Exception:
+            log.warning("serving %s to %s failed", protocol, stream.peer, exc_info=True)
+            await stream.reset()
+
+    host.set_stream_handler(TProtocol(protocol), on_stream)

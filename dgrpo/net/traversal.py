@@ -15,7 +15,6 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
-from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
@@ -29,7 +28,7 @@ from dgrpo.net.reachability import (
     strip_p2p,
     supports_autonat,
 )
-from dgrpo.net.relay import RelayClient, connection_kind, relay_limits, transport_addrs_of
+from dgrpo.net.relay import CountingRelay, RelayClient, connection_kind, relay_limits, transport_addrs_of
 from dgrpo.net.traversal_config import TraversalConfig
 
 log = logging.getLogger(__name__)
@@ -47,10 +46,11 @@ class Traversal:
         self.host = host
         self.config = config
         limits = relay_limits(config.relay_limits)
-        self.protocol = CircuitV2Protocol(host, limits=limits, allow_hop=config.relay_service)
+        self.protocol = CountingRelay(host, limits=limits, allow_hop=config.relay_service)
         self.client = RelayClient(host, self.protocol, config.relay_limits, config.max_relays)
         self.autonat = DialBackAutoNAT(host, config.dial_back_timeout)
-        self.reachability = Reachability(config.reachability_confirmations)
+        # A verdict counts for three checks: a server that went away, or a NAT that changed, is not believed forever.
+        self.reachability = Reachability(config.reachability_confirmations, max_age=3 * config.reachability_interval)
         self.dcutr = DCUtRProtocol(host, dial_timeout=config.hole_punch_dial_timeout) if config.hole_punching else None
         self.dials: Counter[str] = Counter()  # direct_ok, direct_failed, relayed_ok, relayed_failed
         self.upgraded: set[str] = set()  # peers first reached relayed, now also direct (hole punched)
@@ -198,6 +198,7 @@ class Traversal:
             "observed_addrs": self.observed_addrs(),
             "relay_service": self.config.relay_service,
             "relay_service_circuits": len(self.protocol._active_relays),
+            "relay_service_bytes": self.protocol.relayed_bytes,
             "relay_service_reservations": len(getattr(self.protocol.resource_manager, "_reservations", {})),
             "relays": self.client.relays(),
             "circuit_addrs": self.client.circuit_addrs(),

@@ -19,8 +19,15 @@ class RelayLimitsConfig(BaseModel):
 
     duration_seconds: Annotated[int, Field(ge=1, description="longest life of one relayed connection")] = 3600
     data_bytes: Annotated[int, Field(ge=1024, description="bytes one relayed connection may carry")] = 256 * 1024**2
-    max_circuits: Annotated[int, Field(ge=1, description="relayed connections open at once")] = 64
-    max_reservations: Annotated[int, Field(ge=1, description="peers holding a slot at once")] = 128
+    max_circuits: Annotated[
+        int,
+        Field(
+            ge=1, description="relayed connections open at once to one peer holding a slot (py-libp2p counts per peer)"
+        ),
+    ] = 64
+    max_reservations: Annotated[
+        int, Field(ge=1, description="peers holding a slot at once (each holds a connection: at most max_peers)")
+    ] = 48
     reservation_ttl_seconds: Annotated[int, Field(ge=10, description="a slot lasts this long unless renewed")] = 3600
 
 
@@ -76,4 +83,6 @@ class TraversalConfig(BaseModel):
             raise ValueError("need redial_initial_seconds <= redial_max_seconds")
         if self.target_peers > self.max_peers:
             raise ValueError("need target_peers <= max_peers")
+        if self.relay_service and self.relay_limits.max_reservations > self.max_peers:
+            raise ValueError("need relay_limits.max_reservations <= max_peers (a slot is held over a connection)")
         return self

@@ -7,51 +7,26 @@ Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dgrpo.cli.common import (
+    WEAK_SANDBOX,
+    SetOption,
+    WeakSandboxOption,
+    app,  # the entry point (dgrpo.cli:app)
+    command,
+    console,
+    defense_chain,
+)
+from dgrpo.cli.node import node_app
 from dgrpo.errors import ConfigError, DgrpoError
 
-app = typer.Typer(help="dgrpo: decentralised GRPO nodes, attacks and defenses.", no_args_is_help=True)
-console = Console()
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def command(group: typer.Typer, name: str | None = None) -> Callable[[F], F]:
-    """Register a command of ``group`` whose dgrpo errors become one line and exit status 2."""
-
-    def register(fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except DgrpoError as exc:
-                console.print(f"[red]error:[/] {exc}")
-                raise typer.Exit(2) from None
-
-        group.command(name)(wrapper)
-        return fn
-
-    return register
-
-
-def defense_chain(spec: str) -> list[str]:
-    """``--defense a,b``: the chain's names, each a registered defense (else an error listing them)."""
-    from dgrpo.config import parse_defense_spec
-    from dgrpo.defense import DEFENSES
-
-    chain = parse_defense_spec(spec)
-    unknown = [d for d in chain if d not in DEFENSES]
-    if unknown:
-        raise ConfigError(f"unknown defense {unknown[0]!r}; valid: {', '.join(DEFENSES.names())}")
-    return chain
+__all__ = ["app"]
 
 
 @app.callback()
@@ -86,17 +61,6 @@ def _format_row(row: dict[str, Any]) -> str:
         f"round {row['round']:>3}  honest reward {row['honest_mean_reward']:.3f}{acc}{asr}{length}"
         f"  exchanged {row['completions_exchanged']}{poison}{defense}  ({row['seconds']:.1f}s)"
     )
-
-
-WEAK_SANDBOX = "task.options.unsafe_weak_sandbox=true"
-WeakSandboxOption = Annotated[
-    bool,
-    typer.Option(
-        "--unsafe-weak-sandbox",
-        help="UNSAFE: where bubblewrap is unavailable, run peers' programs (code tasks) without OS-level "
-        "isolation instead of refusing to start",
-    ),
-]
 
 
 @command(app)
@@ -167,183 +131,9 @@ def report(
     console.print(f"written: {out}/report.md, {out}/report.csv, {out}/report.png")
 
 
-node_app = typer.Typer(help="Run a node of a decentralised GRPO network.", no_args_is_help=True)
 testnet_app = typer.Typer(help="A local testnet of daemons on 127.0.0.1.", no_args_is_help=True)
 app.add_typer(node_app, name="node")
 app.add_typer(testnet_app, name="testnet")
-
-SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a setting, e.g. -s learner.lr=1e-4")]
-
-
-@command(node_app, "run")
-def node_run(
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="node TOML configuration")] = None,
-    overrides: SetOption = None,
-    state_dir: Annotated[Path | None, typer.Option(help="keys, nonce, checkpoints, status")] = None,
-    listen: Annotated[str | None, typer.Option(help="listen multiaddr, e.g. /ip4/0.0.0.0/tcp/4001")] = None,
-    bootstrap: Annotated[
-        list[str] | None,
-        typer.Option(help="bootstrap multiaddr (repeatable); with no run flags the node learns the run from it"),
-    ] = None,
-    run_id: Annotated[str | None, typer.Option(help="network/run id")] = None,
-    max_rounds: Annotated[int | None, typer.Option(help="stop after this many rounds")] = None,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            "--resume",
-            help="continue from the newest valid checkpoint, with the settings, run, identity and known peers "
-            "kept in --state-dir (other flags override them)",
-        ),
-    ] = False,
-    allow_fresh: Annotated[
-        bool,
-        typer.Option(
-            "--allow-fresh",
-            help="start a new node (new identity, no checkpoints, replay state, reputation or blacklist), moving "
-            "the old state aside; with --resume only where resuming is impossible (no checkpoint verifies, the "
-            "identity key is missing, the checkpoint holds another model)",
-        ),
-    ] = False,
-    adversary: Annotated[
-        str | None, typer.Option(help="run as an attacker: text, dos, math or code (research testnets)")
-    ] = None,
-    defense: Annotated[
-        str | None, typer.Option(help="defense chain NAME[,NAME...], e.g. length,arith-check,logit")
-    ] = None,
-    mode: Annotated[
-        str | None, typer.Option(help="httt (exchange rollouts, the default) | federated (exchange model updates)")
-    ] = None,
-    unsafe_weak_sandbox: WeakSandboxOption = False,
-    relay_service: Annotated[
-        bool,
-        typer.Option(
-            "--relay-service",
-            help="serve as a circuit relay v2 for peers behind NAT (a public node; see docs/joining.md)",
-        ),
-    ] = False,
-    manifest_sha256: Annotated[
-        str | None, typer.Option(help="when learning the run from --bootstrap: accept only this run manifest")
-    ] = None,
-) -> None:
-    """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly).
-
-    Given only --bootstrap (no --config, --run-id, --mode, --defense, --max-rounds or --set of a run key), the
-    node learns the run from its bootstrap peers, as `dgrpo node join` does."""
-    import json as _json
-
-    from dgrpo.daemon.daemon import run_daemon
-    from dgrpo.daemon.join import overrides_run
-    from dgrpo.daemon.local_state import saved_settings
-    from dgrpo.daemon.settings import load_node_settings
-
-    given = list(overrides or [])
-    local = list(given)  # the node's own keys: never a reason not to learn the run from the network
-    if unsafe_weak_sandbox:
-        local.append(WEAK_SANDBOX)
-    if state_dir is not None:
-        local.append(f"state_dir={_json.dumps(str(state_dir))}")
-    if listen is not None:
-        local.append(f"network.listen={_json.dumps(listen)}")
-    if bootstrap:
-        local.append(f"network.bootstrap={_json.dumps(bootstrap)}")
-    if relay_service:
-        local.append("network.traversal.relay_service=true")
-    if adversary is not None:
-        local.append(f"adversary.name={_json.dumps(adversary)}")
-    sets = list(local)
-    if run_id is not None:
-        sets.append(f"run_id={_json.dumps(run_id)}")
-    if max_rounds is not None:
-        sets.append(f"rounds.max_rounds={max_rounds}")
-    if mode is not None:
-        if mode not in ("httt", "federated"):
-            raise ConfigError(f"unknown mode {mode!r}; valid modes: federated, httt")
-        sets.append(f"mode={_json.dumps(mode)}")
-    if defense is not None:
-        from dgrpo.config import needs_seeded_sampler
-
-        chain = defense_chain(defense)
-        sets.append(f"defense.chain={_json.dumps(chain)}")
-        if needs_seeded_sampler(chain):
-            sets.append("rollout.sampler='seeded'")
-    first = load_node_settings(config, sets)
-    saved = saved_settings(first.state_dir) if resume else None
-    run_flags = config is not None or len(sets) > len(local) or overrides_run(given)
-    if bootstrap and not run_flags and saved is None:
-        local = [item for item in local if not item.startswith("network.bootstrap=")]
-        _join(bootstrap, local, first.state_dir, manifest_sha256, resume=resume, allow_fresh=allow_fresh)
-        return
-    if manifest_sha256 is not None:
-        raise ConfigError("--manifest-sha256 applies when the node learns the run from --bootstrap (no run flags)")
-    settings = load_node_settings(config, sets, saved=saved) if saved is not None else first
-    if saved is not None:
-        console.print(f"resuming with the settings saved in {saved} (flags given override them)")
-    _daemon_logging()
-    run_daemon(settings, resume=resume, allow_fresh=allow_fresh)
-
-
-@command(node_app, "join")
-def node_join(
-    bootstrap: Annotated[
-        list[str], typer.Argument(help="nodes of the run: /ip4/.../tcp/.../p2p/<peer id> (one or more, agreeing)")
-    ],
-    state_dir: Annotated[Path | None, typer.Option(help="keys, nonce, checkpoints, status, the run's manifest")] = None,
-    overrides: SetOption = None,
-    listen: Annotated[str | None, typer.Option(help="listen multiaddr, e.g. /ip4/0.0.0.0/tcp/4001")] = None,
-    manifest_sha256: Annotated[
-        str | None, typer.Option(help="refuse any run manifest but this one (its SHA-256, from the run's creator)")
-    ] = None,
-    relay_service: Annotated[
-        bool, typer.Option("--relay-service", help="serve as a circuit relay v2 for peers behind NAT")
-    ] = False,
-) -> None:
-    """Join the run the given nodes serve: fetch and verify its signed run manifest from each (they must agree),
-    check this machine's base model against it, and run a daemon of that run (exit 2, naming what differs, where
-    this node cannot)."""
-    import json as _json
-
-    from dgrpo.daemon.join import DEFAULT_STATE_DIR
-
-    sets = list(overrides or [])
-    if state_dir is not None:
-        sets.append(f"state_dir={_json.dumps(str(state_dir))}")
-    if listen is not None:
-        sets.append(f"network.listen={_json.dumps(listen)}")
-    if relay_service:
-        sets.append("network.traversal.relay_service=true")
-    _join(bootstrap, sets, state_dir or DEFAULT_STATE_DIR, manifest_sha256)
-
-
-def _join(
-    addrs: list[str],
-    sets: list[str],
-    state_dir: Path,
-    manifest_sha256: str | None,
-    resume: bool = False,
-    allow_fresh: bool = False,
-) -> None:
-    from dgrpo.daemon.daemon import run_daemon
-    from dgrpo.daemon.join import fetch_run_manifest, join_settings
-    from dgrpo.daemon.run_manifest import joining
-
-    learnt = fetch_run_manifest(addrs, state_dir, manifest_sha256)
-    signed = learnt.manifest
-    m = signed.manifest
-    console.print(
-        f"run {m.run_id!r} by {m.creator_peer_id}: model {m.model_id}, task {m.config['task']['name']}, "
-        f"manifest sha256 {signed.sha256}"
-    )
-    settings = join_settings(signed, addrs, sets)
-    _daemon_logging()
-    with joining(signed, learnt.refused):
-        run_daemon(settings, resume=resume, allow_fresh=allow_fresh)
-
-
-def _daemon_logging() -> None:
-    logging.getLogger("dgrpo").setLevel(logging.INFO)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
-    for noisy in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @command(app)
@@ -404,7 +194,7 @@ def status(
     import json as _json
     import urllib.request
 
-    from dgrpo.daemon.daemon import read_node_file
+    from dgrpo.daemon.launch import read_node_file
 
     url = target
     if not target.startswith("http"):

@@ -1,0 +1,68 @@
+"""What every ``dgrpo`` command shares: the app, the console, error handling in one place, option types."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from dgrpo.errors import ConfigError, DgrpoError
+
+app = typer.Typer(help="dgrpo: decentralised GRPO nodes, attacks and defenses.", no_args_is_help=True)
+console = Console()
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def command(group: typer.Typer, name: str | None = None) -> Callable[[F], F]:
+    """Register a command of ``group`` whose dgrpo errors become one line and exit status 2."""
+
+    def register(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except DgrpoError as exc:
+                console.print(f"[red]error:[/] {exc}")
+                raise typer.Exit(2) from None
+
+        group.command(name)(wrapper)
+        return fn
+
+    return register
+
+
+def defense_chain(spec: str) -> list[str]:
+    """``--defense a,b``: the chain's names, each a registered defense (else an error listing them)."""
+    from dgrpo.config import parse_defense_spec
+    from dgrpo.defense import DEFENSES
+
+    chain = parse_defense_spec(spec)
+    unknown = [d for d in chain if d not in DEFENSES]
+    if unknown:
+        raise ConfigError(f"unknown defense {unknown[0]!r}; valid: {', '.join(DEFENSES.names())}")
+    return chain
+
+
+WEAK_SANDBOX = "task.options.unsafe_weak_sandbox=true"
+WeakSandboxOption = Annotated[
+    bool,
+    typer.Option(
+        "--unsafe-weak-sandbox",
+        help="UNSAFE: where bubblewrap is unavailable, run peers' programs (code tasks) without OS-level "
+        "isolation instead of refusing to start",
+    ),
+]
+
+
+SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="override a setting, e.g. -s learner.lr=1e-4")]
+
+
+def daemon_logging() -> None:
+    logging.getLogger("dgrpo").setLevel(logging.INFO)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
+    for noisy in ("libp2p", "multiaddr", "async_service"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

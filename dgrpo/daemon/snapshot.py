@@ -1,0 +1,76 @@
+"""A daemon's ``/status``: one JSON object of everything an operator or a test reads (counters by reason and by
+peer, the network's view, the manifest, the defense), built from the daemon's parts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from dgrpo.daemon.observers import outcome_json
+
+if TYPE_CHECKING:
+    from dgrpo.daemon.daemon import Daemon
+
+
+def node_snapshot(node: Daemon) -> dict[str, Any]:
+    wire = node._transport_statistics()
+    admission = node._admission_statistics()
+    counters = node.counters
+    last = counters.last
+    transport = node.transport
+    gossip = node.gossip
+    return {
+        "peer_id": node.peer_id,
+        "run_id": node.settings.run_id,
+        "mode": node.settings.mode,
+        "state": node.state,
+        "round": node.round,
+        "rounds_done": node.rounds_done,
+        "peers": sorted(transport.peers()) if transport else [],
+        "connected_peers": sorted(gossip.connected_peers()) if gossip else [],
+        "listen_addrs": gossip.listen_addrs() if gossip else [],
+        "network": gossip.traversal.snapshot() if gossip else None,
+        "mean_reward": last.scoring.mean_reward if last else None,
+        "last_round": outcome_json(last) if last else None,
+        "messages_accepted": wire.accepted,
+        "messages_rejected": dict(wire.rejected_by_reason),
+        "rejected_by_peer": dict(wire.rejected_by_peer),
+        "rejected_by_peer_reason": {peer: dict(reasons) for peer, reasons in wire.rejected_by_peer_reason.items()},
+        "messages_dropped": dict(wire.dropped),
+        "equivocating_peers": list(wire.equivocating_peers),
+        "gossip": asdict(gossip.statistics()) if gossip else None,
+        "round_rejections": dict(admission.rejected_by_reason),
+        "round_rejections_by_peer": dict(admission.rejected_by_author),
+        "round_rejections_by_peer_reason": admission.rejected_by_author_reason,
+        "completions_trained": counters.completions_trained,
+        "completions_trained_by_author": dict(counters.trained_by_author),
+        "poison_monitor": node.monitor.snapshot(),
+        "adversary": None
+        if node.node.adversary is None
+        else {"name": node.node.adversary.name, **node.node.adversary.stats.as_dict()},
+        "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
+        "catch_ups": node.catch_ups,
+        "arrival_evidence": dict(node.arrival_evidence),
+        "last_departed": list(last.departed) if last else [],
+        "stuck_peers": sorted(gossip.stuck_peers()) if gossip else [],
+        "dropped_to_peer": gossip.dropped_to_peer() if gossip else {},
+        "defense": None
+        if node.node.defense is None
+        else {
+            "chain": node.node.defense.names,
+            "checked_by_author": dict(counters.defense_checked_by_author),
+            "rejected_by_author": dict(counters.defense_rejected_by_author),
+            "rejected_by_reason": dict(counters.defense_rejected_by_reason),
+            "reputation": node.reputation.snapshot() if node.reputation is not None else {},
+            "blacklisted": dict(node.reputation.blacklisted) if node.reputation is not None else {},
+        },
+        "reward": {
+            "isolation": node.node.task.reward_isolation(),
+            "seconds_last_round": last.scoring.seconds if last else None,
+            **node.metrics_observer.reward_counts,
+        },
+        "weights_sha256": node.learner.weights_digest() if node.state == "stopped" else None,
+        "last_errors": list(node.errors),
+        "status_url": node.status_url,
+        "manifest": node.manifest.snapshot(),
+    }
