@@ -1,4 +1,4 @@
-"""Joining from behind NAT, measured: ``python benchmarks/nat.py [--rounds 12] [--out docs/figures/nat]``.
+"""Joining from behind NAT, measured: ``python benchmarks/nat.py [--rounds 20] [--out docs/figures/nat]``.
 
 Three runs of the same network, side by side: a public node (the run's creator, ``--relay-service``) and two
 nodes that join it with ``dgrpo node join <its address>`` knowing nothing else:
@@ -8,12 +8,12 @@ nodes that join it with ``dgrpo node join <its address>`` knowing nothing else:
   nftables ``masquerade``): they reach each other through the relay, then directly once DCUtR punched a hole;
 - ``symmetric``: behind ``masquerade fully-random``: no hole punch works, they stay relayed.
 
-Per run it reports, for the joiners: the median round time over the rounds in which they trained on every author
-(after ``--warmup`` rounds), the time to join (from starting ``dgrpo node join`` to its first round done, model
-loading included), how the two joiners are connected at the end, and the bytes the relay forwarded for others
-per round (its ``/status`` ``network.relay_service_bytes``, over the measured rounds). Writes ``nat.json``,
-``nat.csv`` and ``nat.png`` in ``--out``. The NAT runs need root (network namespaces); the lab is joined only to
-itself and removed at the end; every daemon stops after ``--rounds`` rounds.
+Per run it reports, for the joiners: the median round time over ``--rounds`` rounds in which they trained on
+every author, measured from ``--settle`` seconds after both joined; the time to join (from starting ``dgrpo node
+join`` to its first round done, model loading included); how the two joiners are connected at the end; and the
+bytes the relay forwarded for others per measured round (its ``/status`` ``network.relay_service_bytes``).
+Writes ``nat.json``, ``nat.csv`` and ``nat.png`` in ``--out``. The NAT runs need root (network namespaces); the
+lab is joined only to itself and removed at the end, and every daemon is stopped after the measured rounds.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def done(node: Any) -> int:
     return int(st["rounds_done"]) if st else 0
 
 
-def measure(scenario: str, rounds: int, warmup: int, tmp: Path) -> dict[str, Any]:
+def measure(scenario: str, rounds: int, settle: float, tmp: Path) -> dict[str, Any]:
     """One run of the network; returns its row."""
     if scenario == "loopback":
         lab = None
@@ -103,7 +103,7 @@ def measure(scenario: str, rounds: int, warmup: int, tmp: Path) -> dict[str, Any
         prefix = f"/ip4/{PUBLIC_IP}/"
     nodes: list[Any] = []
     try:
-        relay_args = ["--listen", listen["relay"], "--relay-service", *run_args(rounds)]
+        relay_args = ["--listen", listen["relay"], "--relay-service", *run_args(1000)]  # stopped by us
         relay = launch(where["relay"], "relay", tmp / "R", relay_args)
         nodes.append(relay)
         natlab.wait_for(lambda: relay.node_file() is not None, 120, "the relay", nodes)
@@ -123,14 +123,15 @@ def measure(scenario: str, rounds: int, warmup: int, tmp: Path) -> dict[str, Any
             return len(joined) == 2
 
         natlab.wait_for(first_rounds, 240, "a first round on both joiners", nodes)
-        natlab.wait_for(lambda: all(done(n) >= warmup for n in (a, b)), 300, f"{warmup} rounds", nodes)
+        # the joiners' connection settles: a hole punch, then the relayed leg's grace period
+        time.sleep(settle)
         relay_status = relay.status() or {}
         bytes_before = relay_status.get("network", {}).get("relay_service_bytes", 0)
-        rounds_before = done(a)
-        natlab.wait_for(lambda: all(done(n) >= rounds - 1 for n in (a, b)), 600, f"{rounds - 1} rounds", nodes)
+        rounds_before = min(done(n) for n in (a, b))
+        natlab.wait_for(lambda: all(done(n) >= rounds_before + rounds for n in (a, b)), 600, f"{rounds} rounds", nodes)
         relay_status = relay.status() or {}
         bytes_after = relay_status.get("network", {}).get("relay_service_bytes", 0)
-        rounds_after = done(a)
+        rounds_after = min(done(n) for n in (a, b))
         kinds = {n.name: (n.status() or {}).get("network", {}).get("connections", {}) for n in (a, b)}
         between = kinds["A"].get(peer_of(b), "none")
         punched = bool((a.status() or {}).get("network", {}).get("hole_punched"))
@@ -140,16 +141,17 @@ def measure(scenario: str, rounds: int, warmup: int, tmp: Path) -> dict[str, Any
         if lab is not None:
             natlab.down(lab)
     everyone = {peer_of(n) for n in nodes}
-    times = [
+    times = [  # the measured rounds (by count: a joiner's rounds are numbered from the network's)
         r["seconds"]
         for n in (a, b)
-        for r in rounds_of(n)
-        if r["round"] > warmup and set(r.get("authors") or ()) >= everyone and not r.get("departed")
+        for r in rounds_of(n)[rounds_before:rounds_after]
+        if set(r.get("authors") or ()) >= everyone and not r.get("departed")
     ]
     measured = max(1, rounds_after - rounds_before)
     return {
         "scenario": scenario,
         "rounds_measured": len(times) // 2,
+        "settle_seconds": settle,
         "round_seconds_median": round(statistics.median(times), 3) if times else None,
         "round_seconds_mean": round(statistics.fmean(times), 3) if times else None,
         "join_seconds_A": round(joined["A"], 1),
@@ -214,8 +216,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=3, help="rounds left out of the round-time figure")
+    parser.add_argument("--rounds", type=int, default=20, help="rounds measured, after --settle")
+    parser.add_argument(
+        "--settle", type=float, default=30.0, help="s after both joined before measuring (punch, then grace)"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/figures/nat"))
     parser.add_argument("--scenarios", default="loopback,cone,symmetric")
     args = parser.parse_args(argv)
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     for scenario in scenarios:
         progress(f"{scenario}: a public node and two joiners, {args.rounds} rounds")
         with tempfile.TemporaryDirectory(prefix=f"nat-{scenario}-") as tmp:
-            rows.append(measure(scenario, args.rounds, args.warmup, Path(tmp)))
+            rows.append(measure(scenario, args.rounds, args.settle, Path(tmp)))
         progress(f"{scenario}: {rows[-1]}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "nat.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -219,7 +219,11 @@ class NsNode:
         info = self.node_file()
         if not info or not info.get("status_url"):
             return None
-        got = _run("ip", "netns", "exec", self.ns, "curl", "-s", "-m", "5", info["status_url"] + "/status", check=False)
+        # (the standard library, not curl: a bare machine may not have it)
+        fetch = "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=5).read().decode())"
+        got = _run(
+            "ip", "netns", "exec", self.ns, sys.executable, "-c", fetch, info["status_url"] + "/status", check=False
+        )
         try:
             data: dict[str, Any] = json.loads(got.stdout)
             return data

@@ -41,6 +41,20 @@ def is_circuit(addr: str) -> bool:
     return "/p2p-circuit" in addr
 
 
+class PromptDCUtR(DCUtRProtocol):
+    """py-libp2p's DCUtR, closing the relayed leg ``grace`` seconds after a hole punch instead of its fixed 60
+    (``RELAY_CLOSE_GRACE_PERIOD``): the pubsub stream opened over the relay carries the pair's gossip until that
+    leg closes, so for a minute a punched pair still loaded the relay as much as an unpunched one
+    (``benchmarks/nat.py``)."""
+
+    def __init__(self, host: Any, dial_timeout: int, grace: float) -> None:
+        super().__init__(host, dial_timeout=dial_timeout)
+        self.grace = grace
+
+    async def _close_relayed_conns_after_grace(self, peer_id: ID, grace: float | None = None) -> None:
+        await super()._close_relayed_conns_after_grace(peer_id, self.grace if grace is None else grace)
+
+
 class Traversal:
     def __init__(self, host: Any, config: TraversalConfig) -> None:
         self.host = host
@@ -51,7 +65,11 @@ class Traversal:
         self.autonat = DialBackAutoNAT(host, config.dial_back_timeout)
         # A verdict counts for three checks: a server that went away, or a NAT that changed, is not believed forever.
         self.reachability = Reachability(config.reachability_confirmations, max_age=3 * config.reachability_interval)
-        self.dcutr = DCUtRProtocol(host, dial_timeout=config.hole_punch_dial_timeout) if config.hole_punching else None
+        self.dcutr = (
+            PromptDCUtR(host, dial_timeout=config.hole_punch_dial_timeout, grace=config.relayed_grace_seconds)
+            if config.hole_punching
+            else None
+        )
         self.dials: Counter[str] = Counter()  # direct_ok, direct_failed, relayed_ok, relayed_failed
         self.upgraded: set[str] = set()  # peers first reached relayed, now also direct (hole punched)
         self._seen_relayed: set[str] = set()

@@ -43,6 +43,14 @@ class TraversalConfig(BaseModel):
     ] = True
     max_relays: Annotated[int, Field(ge=0, le=8, description="relays to hold a reservation on at once")] = 2
     hole_punching: Annotated[bool, Field(description="upgrade relayed connections to direct ones (DCUtR)")] = True
+    relayed_grace_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="s a relayed connection stays up once a hole punch made a direct one (py-libp2p: 60; "
+            "meanwhile the pair's gossip still crosses the relay)",
+        ),
+    ] = 10.0
     hole_punch_dial_timeout: Annotated[
         int, Field(ge=1, description="s DCUtR's dials may take (py-libp2p's default 10 s delays every upgrade)")
     ] = 3
