@@ -396,8 +396,20 @@ def test_node_join_against_a_daemon(tmp_path: Path) -> None:
             "the creator to find the joiner's manifest its own",
         )
         assert (creator.status() or {})["manifest"]["rejected_by_peer"] == {}
+        # `node run --bootstrap` with no run flag learns the run the same way
+        state = tmp_path / "runner"
+        state.mkdir()
+        log = open(state / "node.log", "wb")  # noqa: SIM115
+        cmd = dgrpo("node", "run", "--bootstrap", addr, "--state-dir", str(state), *LOCAL)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        runner = NetNode(2, state, proc, "")
+        nodes.append(runner)
+        wait_until(lambda: (runner.status() or {}).get("rounds_done", 0) >= 1, 240, "a round on the runner")
+        status = runner.status()
+        assert status is not None and status["manifest"]["origin"] == "joined" and status["run_id"] == "testnet"
+        assert status["manifest"]["sha256"] == created.sha256
     finally:
-        assert stop_nodes(nodes), "both daemons exit 0 on SIGTERM"
+        assert stop_nodes(nodes), "every daemon exits 0 on SIGTERM"
 
 
 @pytest.mark.slow

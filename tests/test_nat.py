@@ -79,9 +79,10 @@ def home_listen(lab: Any, i: int) -> str:
     return f"/ip4/{lab.home_ip(i)}/tcp/4001"
 
 
-def start_relay(lab: Any, tmp: Path) -> tuple[Any, str]:
+def start_relay(lab: Any, tmp: Path, extra: list[str] | None = None) -> tuple[Any, str]:
     """The public relay/bootstrap node, the run's creator, and its public address."""
-    relay = natlab.launch("relay", lab.inet, tmp / "R", ["--listen", f"{PUBLIC}tcp/4001", "--relay-service", *COMMON])
+    args = ["--listen", f"{PUBLIC}tcp/4001", "--relay-service", *COMMON, *(extra or [])]
+    relay = natlab.launch("relay", lab.inet, tmp / "R", args)
     natlab.wait_for(lambda: relay.node_file() is not None, 90, "the relay's node.json", [relay])
     return relay, relay.public_addr(PUBLIC)
 
@@ -91,8 +92,8 @@ def join_home(lab: Any, tmp: Path, i: int, name: str, bootstrap: list[str]) -> A
     return natlab.launch(name, lab.home(i), tmp / name, args, command="join")
 
 
-def start(lab: Any, tmp: Path) -> tuple[Any, Any, Any]:
-    relay, boot = start_relay(lab, tmp)
+def start(lab: Any, tmp: Path, relay_extra: list[str] | None = None) -> tuple[Any, Any, Any]:
+    relay, boot = start_relay(lab, tmp, relay_extra)
     return relay, join_home(lab, tmp, 1, "A", [boot]), join_home(lab, tmp, 2, "B", [boot])
 
 
@@ -210,7 +211,8 @@ def test_behind_cone_nats_join_via_relay_punch_holes_and_survive_a_relay_restart
 
 @pytest.mark.parametrize("lab", ["symmetric"], indirect=True)
 def test_behind_symmetric_nats_peers_stay_relayed_and_complete_rounds(lab: Any, tmp_path: Path) -> None:
-    relay, a, b = start(lab, tmp_path)
+    # The relay cuts every circuit after 20 s (its duration limit): the homes dial a new one and go on.
+    relay, a, b = start(lab, tmp_path, ["--set", "network.traversal.relay_limits.duration_seconds=20"])
     nodes = [relay, a, b]
     try:
         natlab.wait_for(lambda: all(done(n) >= 6 for n in nodes), 240, "6 rounds on every node", nodes)
@@ -235,6 +237,25 @@ def test_behind_symmetric_nats_peers_stay_relayed_and_complete_rounds(lab: Any, 
         relay_status = status(relay)["network"]
         assert relay_status["relay_service_reservations"] == 2
         assert relay_status["relay_service_bytes"] > 0, "the homes' rounds went through the relay"
+
+        # Row 3 within the relay's limits: a circuit cut at its duration limit is dialled again, rounds go on.
+        def relayed_dials() -> int:
+            return sum(status(n)["network"]["dials"].get("relayed_ok", 0) for n in (a, b))
+
+        first = relayed_dials()  # 1, or 2 when both homes dialled each other at once
+        natlab.wait_for(
+            lambda: relayed_dials() > first,
+            90,
+            "a second relayed dial between the homes after the relay cut the first circuit",
+            nodes,
+        )
+        mark = {n.name: len(full_rounds(n, everyone)) for n in (a, b)}
+        natlab.wait_for(
+            lambda: all(len(full_rounds(n, everyone)) >= mark[n.name] + 3 for n in (a, b)),
+            120,
+            "3 more rounds with every author after the new circuit",
+            nodes,
+        )
     finally:
         for n in nodes:
             n.stop()

@@ -217,8 +217,21 @@ def status(
         console.print(f"announced: {st['listen_addrs']}")
         if net["relays"]:
             console.print(f"relay slots on: {net['relays']}")
+        if net.get("relay_service"):
+            console.print(
+                f"relay service: {net['relay_service_reservations']} slots held by others, "
+                f"{net['relay_service_circuits']} circuits open, {net.get('relay_service_bytes', 0)} bytes forwarded"
+            )
+        punched = set(net.get("hole_punched") or ())
         for peer, kind in net["connections"].items():
-            console.print(f"  {peer}  {kind}")
+            console.print(f"  {peer}  {kind}{'  (hole punched)' if peer in punched else ''}")
+    manifest = st.get("manifest") or {}
+    if manifest:
+        refused = manifest.get("rejected_by_peer") or {}
+        console.print(
+            f"run {manifest['run_id']!r} manifest {manifest['sha256'][:16]}… by {manifest['creator']} "
+            f"({manifest['origin']}); refused: {refused or 'none'}"
+        )
     console.print(f"rejected by reason: {st['messages_rejected']}  blacklisted: {st['blacklisted_peers']}")
     for err in st["last_errors"][-5:]:
         console.print(f"[yellow]{err}[/]")
