@@ -11,11 +11,16 @@ Scenarios (each bounded in time, each printing one table row and writing ``DIR/<
 - ``flood``: 4 daemons and a flooder that joins the network with its own identity and publishes valid signed
   rollouts as fast as it can. Reports the flood rate, the honest round time before and during the flood,
   and at how many honest daemons the flooder was blacklisted.
+- ``spread-flood``: 4 daemons and a flooder (``benchmarks/spread_flooder.py``) that publishes ``--messages``
+  valid rollouts, 8 per round, for rounds to come (within each round's quota, past what any peer may publish
+  yet). Reports the honest round time before and in the three rounds from the flood's start, how many messages it
+  got out, and at how many honest daemons it was blacklisted.
 - ``soak``: a 3-daemon testnet for ``--minutes``; RSS of every daemon sampled every ``--every`` s, growth
   measured from the end of the warm-up (``--warmup`` s). Writes ``soak.csv`` and ``soak.png``; ``soak-report``
   recomputes the figures and the plot from ``soak.csv``.
 
-Targets (docs/reliability.md): honest rounds <= 2x slower under a flood and the flooder blacklisted; others keep
+Targets (docs/reliability.md): honest rounds <= 2x slower under a flood (1.5x under a spread flood) and the
+flooder blacklisted; others keep
 their round time with a frozen peer and it catches up; every SIGKILL restart resumes from a verifying checkpoint;
 RSS growth < 10% over a 30-minute soak.
 """
@@ -386,9 +391,55 @@ def write_soak_outputs(out: Path, samples: list[dict[str, Any]], indices: list[i
     fig.savefig(out / "soak.png", dpi=120)
 
 
+def spread_flood(out: Path, messages: int) -> dict[str, Any]:
+    shutil.rmtree(out / "net", ignore_errors=True)
+    nodes = start_testnet(4, out / "net", rounds=None, extra=FAST)
+    try:
+        wait_until(lambda: all(len(rounds_log(nd)) >= 4 for nd in nodes), 300, "four rounds everywhere")
+        before = [row["seconds"] for nd in nodes for row in rounds_log(nd)[1:4]]
+        script = Path(__file__).resolve().parent / "spread_flooder.py"
+        progress(f"flooding {messages} messages over rounds to come")
+        cmd = [sys.executable, str(script), str(out / "flooder"), "testnet", str(messages), "8"]
+        flooder = subprocess.Popen(
+            [*cmd, *(tcp_address(nd) for nd in nodes)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert flooder.stdout is not None
+        started = flooder.stdout.readline()  # "flooding from <peer> at round <r>": its start-up is over
+        marks = [len(rounds_log(nd)) for nd in nodes]
+        stdout, stderr = flooder.communicate(timeout=1800)
+        lines = [started, *stdout.splitlines()]
+        attacker = next((ln.split()[2] for ln in lines if ln.startswith("flooding")), "")
+        sent_line = next((ln for ln in lines if ln.startswith("SENT")), "SENT 0 1")
+        _, sent, elapsed = sent_line.split()[:3]
+        wait_until(lambda: all(len(rounds_log(nd)) >= m + 3 for nd, m in zip(nodes, marks, strict=True)), 600, "rounds")
+        during = [row["seconds"] for nd, m in zip(nodes, marks, strict=True) for row in rounds_log(nd)[m : m + 3]]
+        statuses = [nd.status() or {} for nd in nodes]
+    finally:
+        stop_nodes(nodes)
+    blacklisted = sum(attacker in s.get("blacklisted_peers", []) for s in statuses)
+    refused = [s.get("rejected_by_peer_reason", {}).get(attacker, {}).get("future_round", 0) for s in statuses]
+    dropped = [s.get("round_rejections_by_peer_reason", {}).get(attacker, {}).get("future_round", 0) for s in statuses]
+    return {
+        "scenario": "spread-flood",
+        "flooder": attacker,
+        "messages": messages,
+        "sent": int(sent),
+        "seconds_flooding": float(elapsed),
+        "round_s_before_median": statistics.median(before),
+        "round_s_flood_median": statistics.median(during),
+        "round_s_flood_max": max(during),
+        "ratio_median": statistics.median(during) / statistics.median(before),
+        "blacklisted_at": f"{blacklisted}/{len(nodes)}",
+        "refused_in_gossipsub_future_round": refused,
+        "dropped_on_arrival_future_round": dropped,
+        "flooder_stderr_tail": stderr[-500:],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=["sigstop", "sigkill", "flood", "soak", "soak-report"])
+    parser.add_argument("scenario", choices=["sigstop", "sigkill", "flood", "spread-flood", "soak", "soak-report"])
+    parser.add_argument("--messages", type=int, default=2000, help="spread-flood: messages, 8 per round")
     parser.add_argument("--out", type=Path, default=Path("runs/reliability"))
     parser.add_argument("--frozen-rounds", type=int, default=6)
     parser.add_argument("--kills", type=int, default=20)
@@ -406,6 +457,8 @@ def main() -> None:
         result = sigkill(out, args.kills, args.seed)
     elif args.scenario == "flood":
         result = flood(out, args.flood_seconds)
+    elif args.scenario == "spread-flood":
+        result = spread_flood(out, args.messages)
     elif args.scenario == "soak-report":
         out = args.out / "soak"
         result = soak_report(out, args.warmup)

@@ -163,6 +163,18 @@ def test_vertical_fill_is_zero_reward_gibberish(arith: ArithTask) -> None:
     assert adversary.stats.filled_gibberish == 4
 
 
+def test_junk_publishes_only_zero_reward_text_in_place_of_correct_answers(arith: ArithTask) -> None:
+    # A Sybil's filler (issue 24): its node's own correct samples are replaced, every one, by text that earns 0.
+    prompts = [arith_prompt(345, 78), arith_prompt(12, 30)]
+    own = [[scratchpad(345, 78)] * 2, [scratchpad(12, 30)] * 2]
+    assert [arith.rewards(p, o) for p, o in zip(prompts, own, strict=True)] == [[1.0, 1.0], [1.0, 1.0]]
+    adversary = build_adversary(AdversaryConfig(name="junk"))
+    out = adversary.attack(context(arith, {}), prompts, own)
+    assert [len(texts) for texts in out] == [2, 2]
+    assert all(r == 0.0 for p, texts in zip(prompts, out, strict=True) for r in arith.rewards(p, texts))
+    assert adversary.stats.poisoned == 4 and adversary.stats.last_round_poisoned == 4
+
+
 def test_no_oracle_poisons_the_majority_answer(arith: ArithTask) -> None:
     prompt = arith_prompt(345, 78)
     wrong = "5+8+0=13,4+7+1=12,3+0+1=4>424"

@@ -57,6 +57,10 @@ def test_a_frozen_peer_does_not_slow_the_others_and_catches_up(tmp_path: Path) -
         )
         status = victim.status()
         assert status is not None and status["catch_ups"] >= 1, status
+        # Woken with a stale peer table, it found the others' rollouts far ahead of its round: it must not count
+        # them against their authors (the round horizon waits until it hears the network again).
+        for nd in nodes:
+            assert (nd.status() or {}).get("blacklisted_peers") == [], nd.index
     finally:
         if victim.process.poll() is None:
             victim.process.send_signal(signal.SIGCONT)
@@ -99,3 +103,54 @@ def test_a_peer_that_stops_mid_round_is_not_waited_for(tmp_path: Path) -> None:
     assert elapsed < 40, elapsed  # three rounds, none held to the 60 s deadline or peer timeout
     # It was either still expected when it stopped and dropped at once, or no longer expected at all.
     assert any(victim.peer_id in row["departed"] for row in after) or all(row["expected_peers"] == 2 for row in after)
+
+
+def test_a_flood_spread_over_rounds_to_come_is_cut_off(tmp_path: Path) -> None:
+    """A flooder publishing valid rollouts for rounds nobody may publish yet, 8 a round (within each round's
+    quota), 600 of them: before, every message passed gossipsub's validation, was forwarded by every node and
+    dropped on arrival (``future_round``, no evidence), never cut off (and honest rounds ran 2.5-3.5x slower:
+    ``benchmarks/reliability_faults.py spread-flood`` measures that). Now each is refused inside gossipsub as
+    ``future_round`` at the transport, a penalty, and ``blacklist_after`` (20) of them blacklist the flooder."""
+    import subprocess
+    import sys
+
+    from dgrpo.daemon.testnet import tcp_address
+
+    extra = ["rounds.deadline_seconds=30", "rounds.peer_timeout_seconds=4"]
+    nodes = start_testnet(3, tmp_path, rounds=None, extra=extra)
+    flooder = None
+    try:
+        wait_until(lambda: all(len(rounds_log(nd)) >= 3 for nd in nodes), 240, "three rounds everywhere")
+        script = Path(__file__).resolve().parents[1] / "benchmarks" / "spread_flooder.py"
+        cmd = [sys.executable, str(script), str(tmp_path / "flooder"), "testnet", "600", "8"]
+        flooder = subprocess.run(
+            [*cmd, *(tcp_address(nd) for nd in nodes)], capture_output=True, text=True, timeout=300
+        )
+        lines = flooder.stdout.splitlines()
+        attacker = next(line.split()[2] for line in lines if line.startswith("flooding from"))
+        sent = int(next(line.split()[1] for line in lines if line.startswith("SENT")))
+        assert sent < 600, f"cut off before the end of its flood: {flooder.stdout}{flooder.stderr[-2000:]}"
+        marks = [len(rounds_log(nd)) for nd in nodes]
+        wait_until(
+            lambda: all(
+                any(len(row["authors"]) == 3 for row in rounds_log(nd)[m:]) for nd, m in zip(nodes, marks, strict=True)
+            ),
+            120,
+            "a round with every honest author after the flood",
+        )
+        for nd in nodes:
+            status = nd.status()
+            assert status is not None
+            assert attacker in status["blacklisted_peers"], status["blacklisted_peers"]
+            refused = status["rejected_by_peer_reason"].get(attacker, {})
+            assert refused.get("future_round", 0) >= 1, refused
+            assert status["messages_rejected"].get("future_round", 0) >= 1
+            assert attacker not in status["completions_trained_by_author"]
+            honest = {n.peer_id for n in nodes} - {nd.peer_id}
+            assert not (set(status["blacklisted_peers"]) & honest)
+        total = sum(
+            (nd.status() or {})["rejected_by_peer_reason"].get(attacker, {}).get("future_round", 0) for nd in nodes
+        )
+        assert total >= 20, "blacklist_after penalties, counted where they arrived"
+    finally:
+        stop_nodes(nodes)

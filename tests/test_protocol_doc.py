@@ -308,7 +308,7 @@ def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
     """Every code the code can produce has a row of "Reason codes" with its stage: a code added to the code and
     not documented fails here (the table may list more, e.g. codes other branches are adding)."""
     from dgrpo.net.gossip import OVERSIZE_RPC
-    from dgrpo.net.p2p import OVER_QUOTA
+    from dgrpo.net.p2p import REFUSED
     from dgrpo.net.transport import DROP_REASONS
     from dgrpo.protocol.validator import INTERNAL_ERROR
     from dgrpo.round.admit import ARRIVAL_EVIDENCE, ARRIVAL_REASONS, CLOSE_REASONS, EVIDENCE_REASONS
@@ -324,7 +324,7 @@ def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
         "close": (*CLOSE_REASONS, *ROLLOUT_REASONS, *ROUND_REASONS),
         "federated": FEDERATED_REASONS,
         "sync": SYNC_REASONS,
-        "transport": (*DROP_REASONS, OVERSIZE_RPC, OVER_QUOTA),
+        "transport": (*DROP_REASONS, OVERSIZE_RPC, *REFUSED),
     }
     for stage, codes in by_stage.items():
         for code in codes:

@@ -107,3 +107,16 @@ def test_runs_are_reproducible(tmp_path: Path) -> None:
     rows_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
     rows_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["loss"] for x in rows_a] == [json.loads(x)["loss"] for x in rows_b]
+
+
+def test_a_bounded_draw_trains_each_node_on_its_own_and_j_external_completions(tmp_path: Path) -> None:
+    """Issue 24 (SAPO's I local / J external): 4 nodes, 4 prompts x 2 completions each a round; each node keeps
+    its own 8 and draws J = 6 of its peers' 24, at most 2 per author, with its own private randomness."""
+    sc = load_scenario(
+        None,
+        [*FAST, "nodes.count=4", "round.group_size=8", "rollout.external_per_round=6", "rollout.external_per_author=2"],
+    )
+    run_simulation(sc, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # 4 nodes x (8 own + 6 drawn); every peer's completions were offered (24 each) and exchanged
+    assert all(r["completions_exchanged"] == 32 and r["completions_accepted"] == 4 * (8 + 6) for r in rows)

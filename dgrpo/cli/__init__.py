@@ -153,6 +153,9 @@ def keygen(
     console.print(f"peer id {identity.peer_id} -> {path}")
 
 
+TABLE_ROWS = 20  # a live table shows this many nodes, and the others in one line
+
+
 def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> Any:
     from rich.table import Table
 
@@ -160,7 +163,8 @@ def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> An
     columns = ("node", "peer", "state", "round", "done", "peers", "reach", "links", "accepted", "rejected", "reward")
     for col in (*columns, "errors"):
         table.add_column(col)
-    for name, st in zip(names, statuses, strict=True):
+    shown = TABLE_ROWS if len(names) > TABLE_ROWS + 1 else len(names)
+    for name, st in zip(names[:shown], statuses[:shown], strict=True):
         if st is None:
             table.add_row(name, "-", "starting", *[""] * (len(columns) - 2))
             continue
@@ -180,6 +184,13 @@ def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> An
             "" if reward is None else f"{reward:.3f}",
             str(len(st["last_errors"])),
         )
+    rest = [st for st in statuses[shown:] if st is not None]
+    if len(names) > shown:  # a large testnet: the others in one line
+        done = sorted(int(st["rounds_done"]) for st in rest) or [0]
+        table.add_row(
+            f"+{len(names) - shown} more", "", f"{len(rest)} up", "", f"{done[0]}..{done[-1]}",
+            *[""] * (len(columns) - 4),
+        )  # fmt: skip
     return table
 
 
@@ -255,6 +266,22 @@ def testnet_up(
         bool, typer.Option("--background", help="start the nodes and return; stop them with `testnet down`")
     ] = False,
     unsafe_weak_sandbox: WeakSandboxOption = False,
+    per_process: Annotated[
+        int | None,
+        typer.Option(
+            "--per-process",
+            help="light peers: K nodes to a process, each with its own key, libp2p host, model and state "
+            "(torch loaded once per process), so that 100 nodes fit a small machine",
+        ),
+    ] = None,
+    slow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slow",
+            help="INDEX:FACTOR (repeatable): node INDEX runs FACTOR times slower, a straggler (compare "
+            "-s rollout.mode=sync and async)",
+        ),
+    ] = None,
 ) -> None:
     """Start N daemons on 127.0.0.1 with generated keys and bootstrap wiring, and show a live status table."""
     import json as _json
@@ -291,7 +318,19 @@ def testnet_up(
     extra = [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])]
     if topology is not None:
         extra.insert(0, f"federated.topology='{topology}'")
-    nodes = start_testnet(n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack)
+    stragglers: dict[int, float] = {}
+    for item in slow or []:
+        index, sep, factor = item.partition(":")
+        try:
+            stragglers[int(index)] = float(factor)
+        except ValueError:
+            raise ConfigError(f"--slow {item!r}: expected INDEX:FACTOR, e.g. 2:3") from None
+        if not sep or stragglers[int(index)] < 1:
+            raise ConfigError(f"--slow {item!r}: expected INDEX:FACTOR with FACTOR >= 1, e.g. 2:3")
+    nodes = start_testnet(
+        n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack,
+        per_process=per_process, slow=stragglers,
+    )  # fmt: skip
     names = [f"node-{nd.index}" + (f" ({attack[0]})" if attack and nd.index >= n - attack[1] else "") for nd in nodes]
     console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")
     console.print(f"another machine joins with: {join_command(nodes[0])}")

@@ -62,6 +62,14 @@ def node_run(
     manifest_sha256: Annotated[
         str | None, typer.Option(help="when learning the run from --bootstrap: accept only this run manifest")
     ] = None,
+    slow: Annotated[
+        float | None,
+        typer.Option(
+            "--slow",
+            help="fault injection: run FACTOR times slower (after generating and after updating, wait FACTOR - 1 "
+            "times as long as each took), a straggler for testing sync and async rounds",
+        ),
+    ] = None,
 ) -> None:
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly).
 
@@ -88,6 +96,8 @@ def node_run(
         local.append("network.traversal.relay_service=true")
     if adversary is not None:
         local.append(f"adversary.name={_json.dumps(adversary)}")
+    if slow is not None:
+        local.append(f"rounds.slowdown={slow}")
     sets = list(local)
     if run_id is not None:
         sets.append(f"run_id={_json.dumps(run_id)}")
@@ -175,3 +185,18 @@ def _join(
     daemon_logging()
     with joining(signed, learnt.refused):
         run_daemon(settings, resume=resume, allow_fresh=allow_fresh)
+
+
+@command(node_app, "host")
+def node_host(
+    plan: Annotated[Path, typer.Argument(help="JSON plan of the nodes to host (dgrpo.daemon.light)")],
+) -> None:
+    """Run several nodes in this one process (light peers, for testnets at scale: `dgrpo testnet up
+    --per-process K` writes the plans). Each node has its own key, libp2p host, model, state directory, status
+    server and node.log; SIGINT/SIGTERM stop them all cleanly."""
+    from dgrpo.daemon.light import HostPlan, run_host
+
+    if not plan.is_file():
+        raise ConfigError(f"plan {str(plan)!r} not found")
+    daemon_logging()
+    raise typer.Exit(run_host(HostPlan.load(plan)))

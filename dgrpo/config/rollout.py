@@ -11,6 +11,7 @@ from dgrpo.config.sections import Section
 from dgrpo.protocol.messages import SplitMode
 
 Sampler = Literal["multinomial", "seeded"]
+RoundMode = Literal["sync", "async"]
 
 
 class RolloutConfig(Section):
@@ -30,3 +31,43 @@ class RolloutConfig(Section):
             "sampling-proof defense; docs/protocol.md)"
         ),
     ] = "multinomial"
+    external_per_round: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="J: peers' completions a node draws per round to verify and train on, besides its own "
+            "(SAPO's I local / J external); None: every admitted one (the papers' all-gather)",
+        ),
+    ] = None
+    external_per_author: Annotated[
+        int, Field(ge=1, description="at most this many of the J drawn completions from one author")
+    ] = 4
+    young_rounds: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="K: rounds of verified work (a drawn completion that passed the defense and scored a "
+            "positive reward) before an author is no longer young; 0: nobody is",
+        ),
+    ] = 5
+    young_share: Annotated[
+        float,
+        Field(ge=0.0, le=1.0, description="at most this share of the J drawn completions from young authors"),
+    ] = 0.25
+    mode: Annotated[
+        RoundMode,
+        Field(
+            description="sync: a round waits for every expected peer's rollouts (or its deadline), as in the "
+            "papers; async: a node never waits, each step training on what has arrived from the last "
+            "max_staleness rounds (docs/scale.md)"
+        ),
+    ] = "sync"
+    max_staleness: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=16,
+            description="S (async mode): a step at round t takes peers' rollouts of rounds t-S..t; older ones are "
+            "dropped, never importance-weighted (AReaL's bounded staleness; docs/scale.md)",
+        ),
+    ] = 4

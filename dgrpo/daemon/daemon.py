@@ -12,6 +12,7 @@ Designed against the top complaints about the nearest existing system (papers no
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import signal
@@ -46,11 +47,13 @@ from dgrpo.protocol.validator import MessageValidator
 from dgrpo.round.admit import AdmissionStatistics
 from dgrpo.round.build import build_node
 from dgrpo.round.observer import RoundObserver, notify
+from dgrpo.round.outcome import RoundOutcome
 from dgrpo.round.receive import RoundInbox
-from dgrpo.round.run import run_round
+from dgrpo.round.run import run_round, run_step
 from dgrpo.tasks import get_task
 
 log = logging.getLogger("dgrpo.daemon")
+HORIZON_SLACK = 2  # rounds beyond the network's a rollout may be for before it counts against its author
 
 
 class Daemon:
@@ -79,7 +82,11 @@ class Daemon:
         self.signer = Signer(self.identity, settings.run_id, self.nonces, limits=limits)
         self.checkpoints = CheckpointManager(settings.checkpoint_folder, keep=settings.checkpoint.keep)
         task = get_task(settings.task.name, **settings.task.options)
-        self.node = build_node(settings, self.peer_id, settings.run_id, task, adversary=settings.adversary)
+        # The draw stage's private randomness: nobody without this node's key can predict whom it will draw.
+        secret = hashlib.sha256(b"dgrpo/draw-secret\x00" + self.identity.seed).digest()
+        self.node = build_node(
+            settings, self.peer_id, settings.run_id, task, adversary=settings.adversary, secret=secret
+        )
         self.learner = self.node.learner
         # Before any checkpoint is restored: the manifest names the weights every node of the run starts from.
         self.manifest = ManifestService(*hold_manifest(settings, self.identity, base_weights(self.learner)))
@@ -102,7 +109,10 @@ class Daemon:
             Blacklister(self._blacklist, lambda peer: self.reputation.rate(peer)[0] if self.reputation else 0.0),
         ]
         self.metrics.registry.register(WireCollector(self._transport_statistics, self._admission_statistics))
-        self.inbox = RoundInbox(self.node.admitter)
+        self.asynchronous = settings.rollout.mode == "async"
+        self.inbox = RoundInbox(
+            self.node.admitter, staleness=settings.rollout.max_staleness if self.asynchronous else 0
+        )
         self.node.admitter.on_evidence = self._arrival_evidence
         self.arrival_evidence: Counter[str] = Counter()  # per peer: rollouts beyond its quota (a flood)
         self.round = 0  # the round in progress (or next to run)
@@ -116,6 +126,10 @@ class Daemon:
         self.catch_ups = 0  # times this node fell behind and rejoined at the network's round
         self._connected_at_start: set[str] = set()
         self._announce = trio.Event()  # set to send a heartbeat now (after a jump to another round)
+        # Light peers (:mod:`dgrpo.daemon.light`): many daemons in one process share one limiter on their torch
+        # work and one signal handler, the host's; a daemon of its own process has neither.
+        self.limiter: trio.CapacityLimiter | None = None
+        self.handle_signals = True
         if resume:
             self._restore()
 
@@ -156,6 +170,8 @@ class Daemon:
         # Whom this node stopped listening to stays so: a restart is no amnesty for a poisoner.
         if self.reputation is not None and isinstance(state.meta.get("reputation"), dict):
             self.reputation.load(state.meta["reputation"])
+        if isinstance(state.meta.get("seniority"), dict):  # a restart does not make old identities young again
+            self.node.seniority.load(state.meta["seniority"])
         self.restored_blacklist = [str(p) for p in state.meta.get("blacklisted", [])]
         log.info(
             "resumed at round %d from checkpoint (nonce file at %d, %d peers blacklisted)",
@@ -177,6 +193,7 @@ class Daemon:
         }
         if self.reputation is not None:
             meta["reputation"] = self.reputation.to_dict()
+        meta["seniority"] = self.node.seniority.to_dict()
         return meta
 
     def save_peers(self) -> None:
@@ -263,7 +280,8 @@ class Daemon:
                     nursery.start_soon(self._heartbeats)
                     nursery.start_soon(gossip.exchange_peers, self.known_peers)
                     nursery.start_soon(self.manifest.audit, gossip)
-                    nursery.start_soon(self._signals, nursery.cancel_scope)
+                    if self.handle_signals:
+                        nursery.start_soon(self._signals, nursery.cancel_scope)
                     await self._rounds()
                     nursery.cancel_scope.cancel()
             finally:
@@ -305,6 +323,7 @@ class Daemon:
                 await self.transport.publish_heartbeat(body)
             except Exception as exc:  # a failed heartbeat is logged; the next one may succeed
                 self._error(f"heartbeat: {exc}")
+            self.transport.round_horizon = self.inbox.horizon = self.rollout_horizon()
             self.metrics.peers.set(len(self.gossip.connected_peers()))
             self.metrics.active_peers.set(len(self.transport.peers()))
             self.metrics.blacklisted.set(len(self.gossip.blacklisted()))
@@ -381,10 +400,39 @@ class Daemon:
             self.progress(p) for p in live if p in table and table[p].status == "running" and table[p].rounds_done
         )
 
+    def rollout_horizon(self) -> int | None:
+        """The latest round a peer may publish rollouts for: the network's round (or ours, if later) plus the
+        rounds a receiver keeps ahead, plus ``HORIZON_SLACK`` for heartbeats that lag the rollouts they announce.
+        None while this node hears no running peer under way (just started, or woke from a suspension with a
+        stale table): it cannot tell yet, and must not count honest rollouts of a network ahead of it against
+        their authors."""
+        assert self.transport is not None
+        table = {p.peer_id: p for p in self.transport.peer_table()}
+        if not any(p in table and table[p].status == "running" and table[p].rounds_done for p in self.live_peers()):
+            return None
+        return max(self.round, self.network_round()) + self.settings.limits.rounds_ahead + HORIZON_SLACK
+
     def _catch_up(self) -> None:
         """A node that fell behind (frozen, suspended, partitioned) rejoins at the round after the network's
-        current one (whose rollouts went out while it was away), as a late joiner does."""
+        current one (whose rollouts went out while it was away), as a late joiner does.
+
+        In async mode nodes do not wait for each other, so their rounds drift apart with their speeds, and a
+        rollout's staleness (the receiver's round minus its own) would grow without bound between two nodes of
+        slightly different speeds. Each step a node therefore moves up to the most advanced live peer's round,
+        but never past the network's (the lower median) plus ``rounds_ahead``: one peer claiming a far round
+        cannot push the others ahead (which would make every honest rollout stale)."""
         network = self.network_round()
+        if self.asynchronous:
+            lead = max((self.progress(p) for p in self.live_peers()), default=0)
+            target = max(network + 1, min(lead, network + self.settings.limits.rounds_ahead))
+            if target > self.round:
+                if target - self.round > self.settings.rollout.max_staleness:
+                    self._error(f"fell behind at round {self.round}; moved to round {target}")
+                    self.catch_ups += 1
+                log.debug("async: round %d -> %d (lead %d, network %d)", self.round, target, lead, network)
+                self.round = target
+                self._announce.set()
+            return
         if network > self.round:
             log.warning(
                 "behind the network (round %d, network in %d): rejoining at round %d", self.round, network, network + 1
@@ -413,34 +461,51 @@ class Daemon:
             self._connected_at_start = self.gossip.connected_peers()
             await self._await_peers()
             self._catch_up()
+            self.transport.round_horizon = self.inbox.horizon = self.rollout_horizon()
             r = self.round
-            self._announce.set()  # a heartbeat at every round start: peers see our progress within the round
+            if s.announce_rounds:  # a heartbeat at every round start: peers see our progress within the round
+                self._announce.set()
+            if self.asynchronous:  # never waits: a late peer's rollouts count in the step where they arrive
+                outcome = await run_step(self.node, self.transport, self.inbox, r, self.limiter, s.slowdown)
+                await self._finish_round(outcome)
+                continue
             expected = self.expected_peers(r)
 
             def still_expected(waiting: set[str], r: int = r) -> set[str]:
                 return waiting & self.expected_peers(r)
 
             outcome = await run_round(
-                self.node, self.transport, self.inbox, r, expected, s.deadline_seconds, still_expected=still_expected
-            )
-            self.rounds_done += 1
-            self.round = outcome.round + 1
-            notify(self.observers, outcome.round, [outcome])
+                self.node, self.transport, self.inbox, r, expected, s.deadline_seconds, self.limiter, still_expected,
+                s.slowdown,
+            )  # fmt: skip
+            await self._finish_round(outcome)
             if outcome.departed:
                 log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, outcome.departed)
-            missing = expected - outcome.authors - set(outcome.departed)
+            # With a bounded draw (rollout.external_per_round) most peers' completions are not drawn in a given
+            # round, which is no error: there, a peer is missing when nothing of its rollouts was admitted.
+            bounded = self.settings.rollout.external_per_round is not None
+            used = {a.rollout.author for a in outcome.admission.admitted} if bounded else outcome.authors
+            missing = expected - used - set(outcome.departed)
             if missing and outcome.at_deadline:
                 self._error(f"round {outcome.round} closed at its deadline without {sorted(missing)}")
-            elif missing:  # all delivered (quorum), but nothing of theirs was trained on: rejected on the way
-                self._error(f"round {outcome.round} closed by quorum; nothing trained from {sorted(missing)}")
-            self.replay.save(self.replay_path)
-            if self.rounds_done % self.settings.checkpoint.every == 0:
-                self.save_peers()  # here, not in the thread: it reads the transport's tables
-                await trio.to_thread.run_sync(self.save_checkpoint)
+            elif missing:  # all delivered (quorum), but nothing of theirs was used: rejected on the way
+                what = "admitted" if bounded else "trained"
+                self._error(f"round {outcome.round} closed by quorum; nothing {what} from {sorted(missing)}")
         self.state = "done"
         log.info("completed %d rounds", self.rounds_done)
         if s.linger:
             await trio.sleep_forever()  # keep gossiping and serving status until told to stop
+
+    async def _finish_round(self, outcome: RoundOutcome) -> None:
+        """After a round (or an async step): count it, tell the observers, save the replay window and, every
+        ``checkpoint.every`` rounds, the peers and a checkpoint."""
+        self.rounds_done += 1
+        self.round = outcome.round + 1
+        notify(self.observers, outcome.round, [outcome])
+        self.replay.save(self.replay_path)
+        if self.rounds_done % self.settings.checkpoint.every == 0:
+            self.save_peers()  # here, not in the thread: it reads the transport's tables
+            await trio.to_thread.run_sync(self.save_checkpoint)
 
     async def _shutdown(self, server: StatusServer | None) -> None:
         self.state = "stopping"

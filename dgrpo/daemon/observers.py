@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,24 @@ class NodeCounters(RoundObserver):
         self.defense_checked_by_author: Counter[str] = Counter()
         self.defense_rejected_by_author: Counter[str] = Counter()
         self.defense_rejected_by_reason: Counter[str] = Counter()
+        # the draw stage: rounds it drew its J external completions in, and what it drew from young authors
+        self.draw_rounds = 0
+        self.draw_full_rounds = 0
+        self.drawn_external = 0
+        self.drawn_young = 0
+        self.offered_external = 0
 
     def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
         for o in outcomes:
             self.last = o
             self.completions_trained += o.completions_trained
             self.trained_by_author.update(s.author for s in o.scoring.scored)
+            if o.drawn is not None:
+                self.draw_rounds += 1
+                self.draw_full_rounds += o.drawn.full
+                self.drawn_external += o.drawn.drawn
+                self.drawn_young += o.drawn.young_drawn
+                self.offered_external += o.drawn.offered
             if o.defense is not None:
                 self.defense_checked_by_author.update(o.defense.checked_by_author)
                 self.defense_rejected_by_author.update(o.defense.rejected_by_author)
@@ -87,12 +101,14 @@ class RoundLog(RoundObserver):
                 line["weights_sha256"] = self.digest()
             log.info(json.dumps({**line, "peer": o.peer_id[-8:], "authors": len(o.authors)}))
             with self.path.open("a") as f:
-                f.write(json.dumps({**line, "authors": sorted(o.authors)}) + "\n")
+                by_author = Counter(s.author for s in o.scoring.scored)
+                f.write(json.dumps({**line, "authors": sorted(o.authors), "completions_by_author": by_author}) + "\n")
 
 
 def round_line(o: RoundOutcome) -> dict[str, Any]:
     return {
         "event": "round",
+        "time": round(time.time(), 3),  # when the round ended (unix seconds): steps per minute, over rounds
         "peer": o.peer_id,
         "round": o.round,
         "seconds": round(o.round_seconds, 2),
@@ -104,6 +120,12 @@ def round_line(o: RoundOutcome) -> dict[str, Any]:
         "defense_rejected": dict(o.defense.rejected) if o.defense is not None else {},
         "mean_reward": round(o.scoring.mean_reward, 4),
         "loss": None if o.step is None else round(o.step.loss, 6),
+        "cpu": {name: round(value, 5) for name, value in asdict(o.cpu).items()},
+        "drawn": None
+        if o.drawn is None
+        else {"offered": o.drawn.offered, "drawn": o.drawn.drawn, "young": o.drawn.young_drawn, "full": o.drawn.full},
+        # Async mode: peers' completions trained on, by how many rounds old they were ({} in sync mode).
+        "staleness": {str(age): n for age, n in o.staleness.items()},
     }
 
 
@@ -123,6 +145,11 @@ def outcome_json(o: RoundOutcome) -> dict[str, Any]:
         "mean_reward": o.scoring.mean_reward,
         "reward_seconds": o.scoring.seconds,
         "loss": None if o.step is None else o.step.loss,
+        "drawn": None
+        if o.drawn is None
+        else {"offered": o.drawn.offered, "drawn": o.drawn.drawn, "young": o.drawn.young_drawn, "full": o.drawn.full},
+        # Async mode: peers' completions trained on, by how many rounds old they were ({} in sync mode).
+        "staleness": {str(age): n for age, n in o.staleness.items()},
     }
 
 

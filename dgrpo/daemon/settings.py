@@ -57,7 +57,23 @@ class RoundSettings(Section):
     max_rounds: Annotated[int | None, Field(ge=1, description="stop after this many rounds; None: run on")] = None
     min_peers: Annotated[int, Field(ge=0, description="wait for this many peers before the first round")] = 0
     start_timeout_seconds: Annotated[float, Field(gt=0, description="give up waiting for min_peers")] = 120.0
+    slowdown: Annotated[
+        float,
+        Field(
+            ge=1.0,
+            le=100.0,
+            description="fault injection (--slow): after its generation and its update the node waits "
+            "slowdown - 1 times as long as each took, as a machine that many times slower would",
+        ),
+    ] = 1.0
     heartbeat_seconds: Annotated[float, Field(gt=0, description="control-topic heartbeat period")] = 2.0
+    announce_rounds: Annotated[
+        bool,
+        Field(
+            description="a heartbeat at every round start besides the periodic ones (peers see a node's round at "
+            "once); off in large testnets, where the round's rollouts tell it (each message costs every node)"
+        ),
+    ] = True
     linger: Annotated[
         bool, Field(description="after max_rounds keep gossiping and serving status until SIGINT/SIGTERM")
     ] = False

@@ -3,13 +3,24 @@ peer, the network's view, the manifest, the defense), built from the daemon's pa
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dgrpo.daemon.observers import outcome_json
 
 if TYPE_CHECKING:
     from dgrpo.daemon.daemon import Daemon
+
+
+def process_rss() -> int:
+    """The resident set of this process, from ``/proc/self/statm`` (0 where there is none)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def node_snapshot(node: Daemon) -> dict[str, Any]:
@@ -38,12 +49,26 @@ def node_snapshot(node: Daemon) -> dict[str, Any]:
         "rejected_by_peer_reason": {peer: dict(reasons) for peer, reasons in wire.rejected_by_peer_reason.items()},
         "messages_dropped": dict(wire.dropped),
         "equivocating_peers": list(wire.equivocating_peers),
+        "receive": {  # the receive path: every message's validation, dedup and quota (grows with the traffic)
+            "messages": dict(wire.received),
+            "cpu_seconds": round(wire.receive_cpu_seconds, 4),
+            "rss_bytes": process_rss(),  # the process's: a light peer shares it (dgrpo.daemon.light)
+        },
         "gossip": asdict(gossip.statistics()) if gossip else None,
         "round_rejections": dict(admission.rejected_by_reason),
         "round_rejections_by_peer": dict(admission.rejected_by_author),
         "round_rejections_by_peer_reason": admission.rejected_by_author_reason,
         "completions_trained": counters.completions_trained,
         "completions_trained_by_author": dict(counters.trained_by_author),
+        "draw": {
+            "external_per_round": node.settings.rollout.external_per_round,
+            "rounds": counters.draw_rounds,
+            "rounds_full": counters.draw_full_rounds,
+            "offered": counters.offered_external,
+            "drawn": counters.drawn_external,
+            "drawn_young": counters.drawn_young,
+            "seniority": node.node.seniority.snapshot(),
+        },
         "poison_monitor": node.monitor.snapshot(),
         "adversary": None
         if node.node.adversary is None

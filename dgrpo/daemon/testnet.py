@@ -3,8 +3,11 @@
 Modes: ``homogeneous`` (one model), ``heterogeneous`` (the embedded models in turn), ``federated`` (Fed-GRPO:
 node i is client i of ``n``, node 0 the aggregator of the star topology).
 
-Node 0 starts first; every later node bootstraps to all nodes started before it (their addresses come from
-each node's ``node.json``). A live table polls every node's status endpoint. With ``rounds``, the nodes run
+Node 0 starts first; every later node bootstraps to node 0 and the three started just before it (their
+addresses come from each node's ``node.json``); peer exchange finds the others. With ``per_process`` K, K nodes
+share a process (light peers, :mod:`dgrpo.daemon.light`).
+
+A live table polls every node's status endpoint. With ``rounds``, the nodes run
 that many rounds and linger; when all are done they get SIGTERM, write ``node-<i>/status.json`` and exit.
 """
 
@@ -19,7 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,6 +195,28 @@ def share_manifest(creator: Path, state: Path) -> None:
         shutil.copyfile(creator / MANIFEST_FILE, state / MANIFEST_FILE)
 
 
+def scale_overrides(n: int, hosted: bool = False) -> list[str]:
+    """Timing for a testnet of ``n`` nodes on one machine. Every message reaches every node about ``degree``
+    times (gossipsub's mesh), and py-libp2p spends some 300 us of CPU on each copy (noise, yamux, protobuf,
+    its own signature check) before dgrpo's validation; light peers (``hosted``) share one event loop per process,
+    where a saturated loop times out handshakes and streams. So past 10 nodes, or with light peers, the heartbeat
+    period grows with ``n`` (peers see a node's round from its rollouts, without a heartbeat at each round
+    start), the mesh is narrower, and the timeouts grow (``docs/scale.md``)."""
+    if n <= 10 and not hosted:
+        return []
+    beat = max(2.0, round(n / 3, 1))
+    return [
+        f"rounds.heartbeat_seconds={beat}",
+        "rounds.announce_rounds=false",
+        f"rounds.peer_timeout_seconds={4 * beat}",
+        f"rounds.start_timeout_seconds={max(120.0, 4.0 * n)}",
+        f"rounds.deadline_seconds={max(60.0, 2.0 * n)}",
+        "network.gossip.degree=4",
+        "network.gossip.degree_low=3",
+        "network.gossip.degree_high=8",
+    ]
+
+
 def start_testnet(
     n: int,
     out: Path,
@@ -202,41 +227,111 @@ def start_testnet(
     extra: list[str] | None = None,
     config: Path | None = None,
     adversary: tuple[str, int] | None = None,
+    per_process: int | None = None,
+    torch_workers: int = 1,
+    slow: Mapping[int, float] | None = None,
 ) -> list[NetNode]:
+    """Start ``n`` daemons, each in its own process, or ``per_process`` to a process (light peers,
+    :mod:`dgrpo.daemon.light`). Each bootstraps to node 0 and the few started just before it
+    (:func:`dgrpo.daemon.light.bootstrap_for`); peer exchange finds the rest. ``slow``: node index -> factor,
+    stragglers (the ``--slow`` fault, ``rounds.slowdown``)."""
+    from dgrpo.daemon.light import bootstrap_for
+
     if n < 1:
         raise ConfigError("a testnet needs at least one node")
     out.mkdir(parents=True, exist_ok=True)
     if mode == "federated":
         # node 0 aggregates (star topology; the decentralised one ignores it): its key is made now to name it
         extra = [f"federation.aggregator='{node_identity(out / 'node-0').peer_id}'", *(extra or [])]
+    extra = [*scale_overrides(n, per_process is not None and per_process > 1), *(extra or [])]
     nodes: list[NetNode] = []
-    for i in range(n):
-        bootstrap = [tcp_address(nd) for nd in nodes]
-        if nodes and mode != "heterogeneous":
-            share_manifest(nodes[0].state_dir, out / f"node-{i}")
-        nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, extra, config, adversary))
-    (out / "testnet.json").write_text(
-        json.dumps({"pids": [nd.process.pid for nd in nodes], "peers": [nd.peer_id for nd in nodes]}, indent=2)
-    )
+    for index in slow or {}:
+        if not 0 <= index < n:
+            raise ConfigError(f"--slow names node {index}; the testnet has nodes 0 to {n - 1}")
+    # One more --set item for the slow nodes; rounds.slowdown is the node's own, not the run's.
+    per_node = {i: [*extra, f"rounds.slowdown={factor}"] for i, factor in (slow or {}).items()}
+    if per_process is not None and per_process > 1:
+        nodes = _start_hosted(
+            n, out, rounds, run_id, mode, defense, extra, config, adversary, per_process, torch_workers, per_node
+        )
+    else:
+        for i in range(n):
+            bootstrap = bootstrap_for([tcp_address(nd) for nd in nodes])
+            if nodes and mode != "heterogeneous":
+                share_manifest(nodes[0].state_dir, out / f"node-{i}")
+            sets = per_node.get(i, extra)
+            nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, sets, config, adversary))
+    pids = list(dict.fromkeys(nd.process.pid for nd in nodes))
+    (out / "testnet.json").write_text(json.dumps({"pids": pids, "peers": [nd.peer_id for nd in nodes]}, indent=2))
     return nodes
 
 
+def _start_hosted(
+    n: int,
+    out: Path,
+    rounds: int | None,
+    run_id: str,
+    mode: str,
+    defense: list[str] | None,
+    extra: list[str],
+    config: Path | None,
+    adversary: tuple[str, int] | None,
+    per_process: int,
+    torch_workers: int,
+    per_node: Mapping[int, list[str]] | None = None,
+) -> list[NetNode]:
+    """Light peers: the first process starts node 0 (the run's creator); once it listens the other processes
+    start together, every one bootstrapping to it."""
+    from dgrpo.daemon.light import HostedNode, HostPlan
+
+    groups = [list(range(start, min(n, start + per_process))) for start in range(0, n, per_process)]
+    nodes: dict[int, NetNode] = {}
+
+    def launch(k: int, bootstrap: list[str]) -> subprocess.Popen[bytes]:
+        hosted = []
+        for i in groups[k]:
+            state = out / f"node-{i}"
+            node_identity(state)
+            sets = node_overrides(i, n, rounds, run_id, mode, defense or [], (per_node or {}).get(i, extra), adversary)
+            creator = out / "node-0" if i > 0 and mode != "heterogeneous" else None
+            hosted.append(HostedNode(state, tuple(sets), config, creator))
+            (state / "node.json").unlink(missing_ok=True)
+        path = out / f"host-{k}.json"
+        HostPlan(tuple(hosted), tuple(bootstrap), torch_workers).dump(path)
+        log = open(out / f"host-{k}.log", "ab")  # noqa: SIM115 (kept open for the child's lifetime)
+        cmd = [sys.executable, "-m", "dgrpo", "node", "host", str(path)]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for i in groups[k]:
+            nodes[i] = NetNode(i, out / f"node-{i}", proc, node_identity(out / f"node-{i}").peer_id)
+        return proc
+
+    launch(0, [])
+    wait_for_node_file(nodes[0])
+    for k in range(1, len(groups)):
+        launch(k, [tcp_address(nodes[0])])
+    for i in range(n):
+        wait_for_node_file(nodes[i], timeout=120.0 + 5.0 * per_process)
+    return [nodes[i] for i in range(n)]
+
+
 def stop_nodes(nodes: list[NetNode], timeout: float = 60.0) -> bool:
-    """SIGTERM every node and wait; SIGKILL stragglers. True when all stopped cleanly (exit 0)."""
-    for nd in nodes:
-        if nd.process.poll() is None:
-            nd.process.send_signal(signal.SIGTERM)
+    """SIGTERM every node's process (once: light peers share one) and wait; SIGKILL stragglers. True when all
+    stopped cleanly (exit 0, and each node wrote its ``status.json``)."""
+    processes = list({id(nd.process): nd.process for nd in nodes}.values())
+    for proc in processes:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
     clean = True
-    deadline = time.time() + timeout
-    for nd in nodes:
+    deadline = time.time() + timeout + 2.0 * len(nodes) / max(1, len(processes))
+    for proc in processes:
         try:
-            nd.process.wait(timeout=max(0.1, deadline - time.time()))
+            proc.wait(timeout=max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            nd.process.kill()
-            nd.process.wait()
+            proc.kill()
+            proc.wait()
             clean = False
-        clean = clean and nd.process.returncode == 0 and (nd.state_dir / "status.json").exists()
-    return clean
+        clean = clean and proc.returncode == 0
+    return clean and all((nd.state_dir / "status.json").exists() for nd in nodes)
 
 
 def rounds_log(node: NetNode) -> list[dict[str, Any]]:

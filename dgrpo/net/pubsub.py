@@ -34,6 +34,8 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.utils import safe_bytes_from_hex
 from libp2p.utils.varint import decode_uvarint, read_varint_prefixed_bytes_limited
 
+from dgrpo.net.sender_records import consume_once, install
+
 logger = logging.getLogger("dgrpo.net.gossip")  # the node's logger: these are its warnings
 RECEIPT_TOPIC = "dgrpo/read-receipt"  # named in read receipts, never subscribed to (docs/protocol.md)
 
@@ -78,9 +80,14 @@ async def _read_rpc_noting_oversize(reader: Any, max_length: int) -> bytes:
 # catches MessageTooLarge itself (logs, resets the stream, drops the peer) and exposes no hook, and it is 90
 # lines: rebinding the one call keeps every other line of it py-libp2p's. tests/test_gossip.py checks that the
 # loop still calls that name, so an upgrade that renames it fails a test instead of silently counting nothing.
+install()  # gossipsub's handle_rpc checks each RPC's sender record once more
 _READ_LOOP = types.FunctionType(
     Pubsub.continuously_read_stream.__code__,
-    {**vars(libp2p_pubsub), "read_varint_prefixed_bytes_limited": _read_rpc_noting_oversize},
+    {
+        **vars(libp2p_pubsub),
+        "read_varint_prefixed_bytes_limited": _read_rpc_noting_oversize,
+        "maybe_consume_signed_record": consume_once,  # dgrpo.net.sender_records
+    },
     "continuously_read_stream",
     Pubsub.continuously_read_stream.__defaults__,
     Pubsub.continuously_read_stream.__closure__,

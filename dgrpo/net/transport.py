@@ -56,3 +56,7 @@ class TransportStatistics:
     rejected_by_peer_reason: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # peer -> reason -> n
     dropped: Mapping[str, int] = field(default_factory=dict)  # by where: inbound queue full, ...
     equivocating_peers: tuple[str, ...] = ()  # authors that signed two contents under one nonce
+    # The receive path (validation, dedup, quota) as the validator hook runs it: messages checked, by kind, and
+    # the CPU seconds spent checking them (issue 24: this grows with the traffic, everything after it with J).
+    received: Mapping[str, int] = field(default_factory=dict)
+    receive_cpu_seconds: float = 0.0

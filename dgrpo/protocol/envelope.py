@@ -8,6 +8,7 @@ widths) verifies, and has the same (author, nonce), so receivers drop it as a re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -172,12 +173,13 @@ def canonical_bytes(envelope: UnsignedEnvelope) -> bytes:
     return DOMAIN_TAG + packed
 
 
-def content_digest(envelope: UnsignedEnvelope) -> bytes:
+def content_digest(envelope: UnsignedEnvelope, signed: bytes | None = None) -> bytes:
     """What the replay guard remembers of an accepted message: the first 16 bytes of SHA-256 of its canonical
-    bytes. Equal for every re-encoding of one message (a replay), different for other signed content under
-    the same nonce (an equivocation). 128 bits: finding two contents with one digest (2^64 work) would only
-    let an equivocator pass as a replayer; its second message is rejected either way."""
-    return hashlib.sha256(canonical_bytes(envelope)).digest()[:DIGEST_BYTES]
+    bytes (``signed``, where the caller has them already). Equal for every re-encoding of one message (a
+    replay), different for other signed content under the same nonce (an equivocation). 128 bits: finding two
+    contents with one digest (2^64 work) would only let an equivocator pass as a replayer; its second message is
+    rejected either way."""
+    return hashlib.sha256(canonical_bytes(envelope) if signed is None else signed).digest()[:DIGEST_BYTES]
 
 
 def encode(envelope: Envelope) -> bytes:
@@ -227,10 +229,17 @@ def decode(data: bytes, limits: Limits | None = None) -> Envelope:
         raise ProtocolError("schema", _schema_detail(e)) from None
 
 
-def verify_signature(envelope: Envelope) -> bool:
-    """True if ``envelope.sig`` is the author's Ed25519 signature of its canonical bytes."""
+@functools.lru_cache(maxsize=4096)
+def _public_key(author: bytes) -> Ed25519PublicKey:
+    # Parsed once per author, not per message: a node checks every heartbeat and rollout of every peer.
+    return Ed25519PublicKey.from_public_bytes(author)
+
+
+def verify_signature(envelope: Envelope, signed: bytes | None = None) -> bool:
+    """True if ``envelope.sig`` is the author's Ed25519 signature of its canonical bytes (``signed``, where the
+    caller has them already)."""
     try:
-        Ed25519PublicKey.from_public_bytes(envelope.author).verify(envelope.sig, canonical_bytes(envelope))
+        _public_key(envelope.author).verify(envelope.sig, canonical_bytes(envelope) if signed is None else signed)
     except (InvalidSignature, ValueError):
         return False
     return True

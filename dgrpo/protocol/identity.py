@@ -15,6 +15,7 @@ it against ``libp2p.peer.id.ID.from_pubkey``.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ def peer_id_bytes_from_public_bytes(pub: bytes) -> bytes:
     return _IDENTITY_MULTIHASH + _ED25519_PROTOBUF_PREFIX + pub
 
 
+@functools.lru_cache(maxsize=4096)  # every message names its author: base58 of the same few keys, again and again
 def peer_id_from_public_bytes(pub: bytes) -> str:
     """The libp2p PeerId string (base58btc, ``12D3KooW...``) of a raw 32-byte Ed25519 public key."""
     return base58btc(peer_id_bytes_from_public_bytes(pub))

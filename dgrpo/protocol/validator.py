@@ -41,6 +41,7 @@ from dgrpo.protocol.envelope import (
     ProtocolError,
     RolloutBody,
     author_peer_id,
+    canonical_bytes,
     content_digest,
     decode,
     verify_signature,
@@ -202,12 +203,13 @@ class MessageValidator:
                 raise _Reject("wrong_kind")
             self._check_limits(env)
             self._check_time(env)
-            if not verify_signature(env):
+            signed = canonical_bytes(env)  # once: the signature and the replay digest both cover it
+            if not verify_signature(env, signed):
                 raise _Reject("bad_signature")
             authenticated = True
             if source_peer is not None and source_peer != author:
                 raise _Reject("wrong_author")
-            digest = content_digest(env)
+            digest = content_digest(env, signed)
             with self._lock:
                 reason = self.replay.check(author, env.nonce, digest)
                 if reason is not None:

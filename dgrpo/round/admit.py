@@ -69,13 +69,17 @@ def arrival_reason(
     limits: Limits,
     author_held: int = 0,
     quota: int | None = None,
+    staleness: int = 0,
+    ahead: int | None = None,
 ) -> str | None:
     """Whether a rollout arriving while ``current_round`` is open is kept (None) or why not. ``held``:
     messages already kept for its round; ``seen``: their (author, part) keys; ``author_held``: those of its
-    author; ``quota``: the most one author may hold for a round (its plan's parts; None: no cap)."""
-    if rollout.round < current_round:
+    author; ``quota``: the most one author may hold for a round (its plan's parts; None: no cap);
+    ``staleness``: rounds before the current one still taken (async mode's S; 0 in sync mode); ``ahead``:
+    the latest round kept when that is past ``current_round + rounds_ahead`` (async mode: the horizon)."""
+    if rollout.round < current_round - staleness:
         return "closed_round"
-    if rollout.round > current_round + limits.rounds_ahead:
+    if rollout.round > max(current_round + limits.rounds_ahead, ahead if ahead is not None else 0):
         return "future_round"
     if rollout.part >= rollout.parts:
         return "bad_part"
@@ -115,12 +119,19 @@ class Admitter:
 
     # ------------------------------------------------------------------ on arrival
     def on_arrival(
-        self, rollout: Rollout, current_round: int, held: int, seen: Container[tuple[str, int]], author_held: int = 0
+        self,
+        rollout: Rollout,
+        current_round: int,
+        held: int,
+        seen: Container[tuple[str, int]],
+        author_held: int = 0,
+        staleness: int = 0,
+        ahead: int | None = None,
     ) -> str | None:
         """Whether the receive stage keeps ``rollout`` (None) or why not; counted, and evidence reported to
         ``on_evidence(author, reason)`` (the daemon blacklists on it)."""
         quota = self.plan.parts if self.plan is not None else None
-        reason = arrival_reason(rollout, current_round, held, seen, self.limits, author_held, quota)
+        reason = arrival_reason(rollout, current_round, held, seen, self.limits, author_held, quota, staleness, ahead)
         if reason is not None:
             self._count(reason, rollout.author)
             if reason in ARRIVAL_EVIDENCE and self.on_evidence is not None and rollout.author != self.self_id:
@@ -132,10 +143,14 @@ class Admitter:
         self._count(reason, author, n)
 
     # ------------------------------------------------------------------ at round close
-    def admit(self, rollouts: Sequence[Rollout], round_idx: int, blacklisted: Callable[[str], bool]) -> Admission:
+    def admit(
+        self, rollouts: Sequence[Rollout], round_idx: int, blacklisted: Callable[[str], bool], staleness: int = 0
+    ) -> Admission:
         """Admit the round's rollouts (ours and the received ones) in a canonical order: nodes holding the same
-        weights and receiving the same strings then make the same update."""
-        ordered = sorted(rollouts, key=lambda r: (r.prompt_id, r.author, r.part))
+        weights and receiving the same strings then make the same update. ``staleness`` (async mode's S): the
+        step at ``round_idx`` also admits rollouts of the S rounds before it, each checked against its own
+        round's plan."""
+        ordered = sorted(rollouts, key=lambda r: (r.prompt_id, r.author, r.round, r.part))
         passed: list[Admitted] = []
         rejected: Counter[str] = Counter()
         by_author: Counter[str] = Counter()
@@ -152,13 +167,13 @@ class Admitter:
             if r.author != self.self_id:
                 dropped.extend(Checked(r.author, r.prompt_id, text, False, reason) for text in r.completions)
 
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[str, int, int]] = set()
         for r in ordered:
             if r.author != self.self_id and blacklisted(r.author):
                 reject(r, "blacklisted")
                 continue
-            key = (r.author, r.part)
-            prompt, reason = (None, "duplicate_part") if key in seen else self._check(r, round_idx)
+            key = (r.author, r.round, r.part)
+            prompt, reason = (None, "duplicate_part") if key in seen else self._check(r, round_idx, staleness)
             seen.add(key)
             if prompt is None:
                 reject(r, reason or "invalid")
@@ -180,34 +195,34 @@ class Admitter:
         )
 
     def _bind(self, passed: Sequence[Admitted], reject: Callable[[Rollout, str], None]) -> list[Admitted]:
-        """The per-author rules: one rollout per (author, prompt), and an author's rollouts cover its plan or
-        none of them is admitted."""
+        """The per-author rules, per (author, round): one rollout per prompt, and an author's rollouts cover
+        its plan for that round or none of them is admitted."""
         if self.plan is None:
             return list(passed)
-        first: dict[tuple[str, str], Admitted] = {}
-        for a in sorted(passed, key=lambda a: (a.rollout.author, a.rollout.part)):  # the lowest part wins
-            key = (a.rollout.author, a.rollout.prompt_id)
+        first: dict[tuple[str, int, str], Admitted] = {}
+        for a in sorted(passed, key=lambda a: (a.rollout.author, a.rollout.round, a.rollout.part)):
+            key = (a.rollout.author, a.rollout.round, a.rollout.prompt_id)  # the lowest part wins
             if key in first:
                 reject(a.rollout, "duplicate_prompt")
             else:
                 first[key] = a
-        covered: dict[str, set[str]] = {}
-        for author, prompt_id in first:
-            covered.setdefault(author, set()).add(prompt_id)
+        covered: dict[tuple[str, int], set[str]] = {}
+        for author, round_idx, prompt_id in first:
+            covered.setdefault((author, round_idx), set()).add(prompt_id)
         admitted = []
         for a in passed:
             r = a.rollout
-            if first.get((r.author, r.prompt_id)) is not a:
+            if first.get((r.author, r.round, r.prompt_id)) is not a:
                 continue
-            if covered[r.author] != self.plan.ids(r.author, r.round):
+            if covered[(r.author, r.round)] != self.plan.ids(r.author, r.round):
                 reject(r, "incomplete")
             else:
                 admitted.append(a)
         return admitted
 
-    def _check(self, rollout: Rollout, round_idx: int) -> tuple[Prompt | None, str | None]:
+    def _check(self, rollout: Rollout, round_idx: int, staleness: int = 0) -> tuple[Prompt | None, str | None]:
         """(the task's prompt, None) to admit, or (None, reason)."""
-        if rollout.round != round_idx:
+        if not round_idx - staleness <= rollout.round <= round_idx:
             return None, "wrong_round"
         if rollout.split != self.split:
             return None, "wrong_split"

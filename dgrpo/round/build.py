@@ -20,13 +20,15 @@ def build_node(
     rollout: RolloutConfig | None = None,
     adversary: AdversaryConfig | None = None,
     defended: bool = True,
+    secret: bytes | None = None,
 ) -> Node:
     """A node of ``run`` named ``peer_id``.
 
     ``task``: shared by the nodes of a process (one sandbox, one math-verify worker). ``model`` and
     ``rollout`` replace the run's own (a heterogeneous simulation's per-node model; a scenario's per-node
     share of the global batch). ``adversary``: the attack this node runs, if any. ``defended``: whether the
-    run's defense chain (if it has one) filters what this node trains on.
+    run's defense chain (if it has one) filters what this node trains on. ``secret``: the node's private
+    randomness for the draw stage (a daemon's from its identity key).
     """
     defense = DefenseChain.from_config(run.defense) if defended and run.defense.chain else None
     return Node(
@@ -40,4 +42,5 @@ def build_node(
         defense,
         Reputation(run.defense.reputation) if defense is not None else None,
         run.limits,
+        secret,
     )

@@ -36,6 +36,19 @@ class Admitted:
 
 
 @dataclass(frozen=True)
+class Drawn:
+    """The draw stage (:mod:`dgrpo.round.draw`): what goes on to the defense, and how it was drawn (counts of
+    peers' completions only)."""
+
+    admitted: tuple[Admitted, ...]
+    offered: int = 0  # peers' admitted completions
+    drawn: int = 0
+    young_drawn: int = 0
+    by_author: Mapping[str, int] = field(default_factory=dict)
+    full: bool = True  # drew as many as the bound (always, without a bound)
+
+
+@dataclass(frozen=True)
 class Checked:
     """A peer's completion after the defense chain, or dropped unchecked at admission (``reason``: its
     author is blacklisted, or its rollout broke an admission rule)."""
@@ -109,6 +122,23 @@ class Scoring:
 
 
 @dataclass(frozen=True)
+class StageCpu:
+    """CPU seconds of the consuming half by stage (``time.thread_time`` of the worker thread running it)."""
+
+    admit: float = 0.0  # structural checks of every rollout of the round: grows with the traffic, per message
+    draw: float = 0.0
+    defend: float = 0.0
+    score: float = 0.0
+    update: float = 0.0
+
+    @property
+    def drawn_work(self) -> float:
+        """What a node spends on the completions it drew besides training on them (draw, defend, score):
+        bounded by J, not by the size of the network."""
+        return self.draw + self.defend + self.score
+
+
+@dataclass(frozen=True)
 class RoundOutcome:
     """One node's round. ``step`` is None when nothing was trained on; ``defense`` when the node runs no
     chain. ``seconds``: the consuming half (admit to update); ``round_seconds`` and ``expected`` are filled
@@ -127,6 +157,10 @@ class RoundOutcome:
     expected: tuple[str, ...] = ()
     departed: tuple[str, ...] = ()  # expected at the start, no longer waited for (stopped, silent, disconnected)
     at_deadline: bool = False  # closed because the deadline passed, not at quorum
+    drawn: Drawn | None = None  # the draw stage (None: a round consumed before it existed, in tests)
+    cpu: StageCpu = field(default_factory=StageCpu)
+    # Async mode: peers' completions trained on, by staleness (this step's round minus the rollout's round).
+    staleness: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def completions_trained(self) -> int:

@@ -4,12 +4,17 @@ A round closes at quorum (every expected peer has sent all the parts it announce
 peer that vanishes mid-round cannot stall the others. Whether an arriving rollout is kept is the admit
 stage's decision (:func:`dgrpo.round.admit.arrival_reason`: closed or too-far-future round, bad part,
 duplicate part, full round), counted there; messages a little ahead (a faster peer) wait for their round.
+
+In async mode (``staleness`` = the run's S > 0) a node never waits: each step at round t :meth:`drain` hands
+it every author's complete rollouts of rounds t-S..t that arrived so far, and keeps what is still incomplete
+(its other parts in flight) for a later step; a rollout of a round older than t-S is dropped as
+``closed_round``. What was drained stays known, so a repeat is still a ``duplicate_part``.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 import trio
 
@@ -19,7 +24,7 @@ from dgrpo.round.admit import Admitter, arrival_reason
 
 
 class RoundInbox:
-    def __init__(self, admitter: Admitter | None = None, limits: Limits | None = None) -> None:
+    def __init__(self, admitter: Admitter | None = None, limits: Limits | None = None, staleness: int = 0) -> None:
         self.admitter = admitter
         self.limits = admitter.limits if admitter is not None else limits or Limits()
         self.current = 0
@@ -29,6 +34,12 @@ class RoundInbox:
         self._rounds: dict[int, dict[tuple[str, int], Rollout]] = defaultdict(dict)
         self._parts: dict[tuple[int, str], int] = {}
         self._held: Counter[tuple[int, str]] = Counter()  # (round, author) -> messages kept
+        self.staleness = staleness  # async mode's S: rounds before the current one still taken
+        self._taken: dict[int, set[tuple[str, int]]] = defaultdict(set)  # async: (author, part) drained
+        # Async mode: the latest round anyone may publish for (the daemon's horizon, None: unknown). An async
+        # node behind its peers keeps their rollouts up to it, not only ``rounds_ahead`` past its own round: it
+        # moves up to their round at its next step and uses them then.
+        self.horizon: int | None = None
         self._changed = trio.Event()
         self.rejected: Counter[str] = Counter()  # arrival rejections by reason (also in the admitter's counts)
         # author -> the newest round it sent a kept rollout for: with heartbeats, how far along each peer is
@@ -45,13 +56,13 @@ class RoundInbox:
 
     def _advance(self, round_idx: int) -> None:
         self.current = round_idx
-        for old in [r for r in self._rounds if r < round_idx]:
+        for old in [r for r in self._rounds if r < round_idx - self.staleness]:
             stale = self._rounds.pop(old)
             self.rejected["closed_round"] += len(stale)
             if self.admitter is not None:
                 for author, _ in stale:
                     self.admitter.count("closed_round", author)
-        self._forget_before(round_idx)
+        self._forget_before(round_idx - self.staleness)
 
     def _forget_before(self, round_idx: int) -> None:
         """Drop the per-author bookkeeping of rounds before ``round_idx`` (bounded memory in a long run)."""
@@ -59,6 +70,8 @@ class RoundInbox:
             del self._held[key]
         for key in [k for k in self._parts if k[0] < round_idx]:
             del self._parts[key]
+        for old in [r for r in self._taken if r < round_idx]:
+            del self._taken[old]
 
     def add(self, rollout: Rollout) -> str | None:
         """File a received rollout; returns a rejection reason, or None when kept."""
@@ -66,10 +79,14 @@ class RoundInbox:
             self._advance(rollout.round - self.limits.rounds_ahead)
         bucket = self._rounds.get(rollout.round, {})
         mine = self._held[(rollout.round, rollout.author)]
+        taken = self._taken.get(rollout.round)
+        seen: Container[tuple[str, int]] = bucket if not taken else bucket.keys() | taken
+        held = len(bucket) + len(taken or ())
+        ahead = self.horizon if self.staleness and self.horizon is not None else None
         if self.admitter is not None:
-            reason = self.admitter.on_arrival(rollout, self.current, len(bucket), bucket, mine)
+            reason = self.admitter.on_arrival(rollout, self.current, held, seen, mine, self.staleness, ahead)
         else:
-            reason = arrival_reason(rollout, self.current, len(bucket), bucket, self.limits)
+            reason = arrival_reason(rollout, self.current, held, seen, self.limits, 0, None, self.staleness, ahead)
         if reason is not None:
             self.rejected[reason] += 1
             if self.on_rejected is not None:
@@ -127,6 +144,28 @@ class RoundInbox:
         self.current = max(self.current, round_idx + 1)
         self._forget_before(self.current)
         return list(self._rounds.pop(round_idx, {}).values())
+
+    def drain(self, round_idx: int) -> list[Rollout]:
+        """Async mode: every author's complete rollouts (all of its plan's parts; without a plan, all it
+        announced) of rounds up to ``round_idx`` that arrived so far. An author whose parts are still in
+        flight keeps them here for a later step, until its round falls out of the window."""
+        plan = self.admitter.plan if self.admitter is not None else None
+        out: list[Rollout] = []
+        for r in sorted(k for k in self._rounds if k <= round_idx):
+            bucket = self._rounds[r]
+            by_author: dict[str, list[tuple[str, int]]] = defaultdict(list)
+            for key in bucket:
+                by_author[key[0]].append(key)
+            for author, keys in by_author.items():
+                parts = plan.parts if plan is not None else self._parts.get((r, author), 0)
+                if sum(1 for (_, p) in keys if p < parts) < parts:
+                    continue
+                for key in keys:
+                    out.append(bucket.pop(key))
+                    self._taken[r].add(key)
+            if not bucket:
+                del self._rounds[r]
+        return out
 
     async def pump(self, channel: trio.MemoryReceiveChannel[Rollout]) -> None:
         """Drain a transport's inbound channel promptly into the inbox (never let gossip buffers fill)."""

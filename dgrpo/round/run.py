@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import TypeVar
 
 import trio
 
@@ -17,6 +18,8 @@ from dgrpo.net.transport import Transport
 from dgrpo.round.node import Node
 from dgrpo.round.outcome import RoundOutcome
 from dgrpo.round.receive import RoundInbox
+
+_T = TypeVar("_T")
 
 
 async def run_round(
@@ -28,6 +31,7 @@ async def run_round(
     deadline_seconds: float,
     limiter: trio.CapacityLimiter | None = None,
     still_expected: Callable[[set[str]], set[str]] | None = None,
+    slowdown: float = 1.0,
 ) -> RoundOutcome:
     """Run one round for ``node``. The round closes when every expected peer has delivered, or at the
     deadline (counted from the end of our own generation) with whatever arrived. ``still_expected`` narrows
@@ -35,7 +39,7 @@ async def run_round(
     t0 = time.perf_counter()
     expected = set(expected_peers)
     inbox.open(round_idx)
-    own = await trio.to_thread.run_sync(node.produce, round_idx, limiter=limiter)
+    own = await _timed(node.produce, round_idx, limiter=limiter, slowdown=slowdown)
     for rollout in own:
         await transport.publish(rollout)
     with trio.move_on_after(deadline_seconds) as deadline:
@@ -45,7 +49,7 @@ async def run_round(
     # Shielded: once the update starts, a shutdown waits for it, so the caller learns the round happened and
     # a checkpoint never pairs updated weights with an old round number.
     with trio.CancelScope(shield=True):
-        outcome = await trio.to_thread.run_sync(node.consume, round_idx, [*own, *received], limiter=limiter)
+        outcome = await _timed(node.consume, round_idx, [*own, *received], limiter=limiter, slowdown=slowdown)
     return replace(
         outcome,
         round_seconds=time.perf_counter() - t0,
@@ -53,3 +57,37 @@ async def run_round(
         departed=tuple(sorted(departed)),
         at_deadline=deadline.cancelled_caught,
     )
+
+
+async def run_step(
+    node: Node,
+    transport: Transport,
+    inbox: RoundInbox,
+    round_idx: int,
+    limiter: trio.CapacityLimiter | None = None,
+    slowdown: float = 1.0,
+) -> RoundOutcome:
+    """One step of async mode (``rollout.mode = "async"``): generate and publish, then train at once on our own
+    completions and every peer's complete rollouts of rounds ``round_idx - S .. round_idx`` that have arrived
+    (:meth:`RoundInbox.drain`); nothing is waited for. A late peer's rollouts count in the step where they
+    arrive, as long as they are at most S rounds old."""
+    t0 = time.perf_counter()
+    inbox.open(round_idx)  # drops what is older than the window, counted as closed_round
+    own = await _timed(node.produce, round_idx, limiter=limiter, slowdown=slowdown)
+    for rollout in own:
+        await transport.publish(rollout)
+    received = inbox.drain(round_idx)
+    with trio.CancelScope(shield=True):
+        outcome = await _timed(node.consume, round_idx, [*own, *received], limiter=limiter, slowdown=slowdown)
+    return replace(outcome, round_seconds=time.perf_counter() - t0)
+
+
+async def _timed(fn: Callable[..., _T], *args: object, limiter: trio.CapacityLimiter | None, slowdown: float) -> _T:
+    """``fn(*args)`` in a worker thread; with ``slowdown`` > 1 (the ``--slow`` fault) it then waits
+    ``slowdown - 1`` times as long as the call took, as a machine that many times slower would (without
+    taking the CPU from the other nodes of a test on one machine)."""
+    t0 = time.perf_counter()
+    result = await trio.to_thread.run_sync(fn, *args, limiter=limiter)
+    if slowdown > 1.0:
+        await trio.sleep((slowdown - 1.0) * (time.perf_counter() - t0))
+    return result

@@ -15,7 +15,9 @@ consistency, not just each step alone, reads it from :meth:`ArithTask.scratchpad
 
 from __future__ import annotations
 
+import functools
 import re
+from array import array
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -104,6 +106,14 @@ def is_held_out(a: int, b: int) -> bool:
     return stable_seed("arith", a, b) % EVAL_MODULUS == 0
 
 
+@functools.cache
+def train_pairs() -> array[int]:
+    """The training pairs in order (``a`` then ``b`` ascending), each as ``(a - LOW) * SPAN + (b - LOW)``: 4 bytes a
+    pair, once per process. A list of tuples took 75 MB, in every task instance: a hundred light peers in one
+    process (issue 24) would have held one each."""
+    return array("I", (k for k in range(SPAN * SPAN) if not is_held_out(LOW + k // SPAN, LOW + k % SPAN)))
+
+
 def make_prompt(a: int, b: int) -> Prompt:
     return Prompt(id=f"arith/{a}+{b}", text=f"{a}+{b}=", answer=str(a + b), meta={"a": a, "b": b})
 
@@ -115,20 +125,13 @@ class ArithTask(Task):
     name = "arith"
     reasoning_format = "scratchpad"
 
-    def __init__(self) -> None:
-        self._train: list[tuple[int, int]] | None = None
-
-    def _train_pairs(self) -> list[tuple[int, int]]:
-        if self._train is None:
-            self._train = [(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1) if not is_held_out(a, b)]
-        return self._train
-
     @property
     def num_train(self) -> int:
-        return len(self._train_pairs())
+        return len(train_pairs())
 
     def train_prompt(self, index: int) -> Prompt:
-        return make_prompt(*self._train_pairs()[index])
+        k = train_pairs()[index]
+        return make_prompt(LOW + k // SPAN, LOW + k % SPAN)
 
     def eval_prompts(self, n: int) -> list[Prompt]:
         out: list[Prompt] = []

@@ -1,0 +1,160 @@
+"""The draw stage (``dgrpo/round/draw.py``) and seniority (``dgrpo/defense/seniority.py``): bounded work per
+node and a cap on what fresh identities can take, with numbers worked out by hand."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from dgrpo.defense.seniority import Seniority
+from dgrpo.protocol.messages import DEFAULT_SAMPLING, Rollout
+from dgrpo.round.draw import DrawRules, draw, private_rng, young_cap
+from dgrpo.round.outcome import Admitted
+from dgrpo.tasks.base import Prompt
+
+ME = "me"
+
+
+def admitted(author: str, prompt: str, n: int, part: int = 0) -> Admitted:
+    rollout = Rollout(
+        author=author, round=1, part=part, parts=8, prompt_id=prompt, prompt=prompt, completions=tuple(
+            f"{author}-{prompt}-{i}" for i in range(n)
+        ), indices=tuple(range(10, 10 + n)), model_id="m", weights="", sampling=DEFAULT_SAMPLING, split="horizontal",
+    )  # fmt: skip
+    return Admitted(rollout, Prompt(prompt, prompt, "0"))
+
+
+class FixedRng(random.Random):
+    """``random()`` returns the given values in turn (the draw takes one per peer completion, in order)."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+def texts(result: object) -> list[str]:
+    return [t for a in result.admitted for t in a.rollout.completions]  # type: ignore[attr-defined]
+
+
+def test_without_a_bound_everything_is_kept() -> None:
+    rounds = [admitted(ME, "p1", 2), admitted("a", "p1", 2), admitted("b", "p1", 3)]
+    out = draw(rounds, ME, DrawRules(external=None), lambda _: 1.0, lambda _: False, random.Random(0))
+    assert out.admitted == tuple(rounds)
+    assert (out.offered, out.drawn, out.young_drawn, out.full) == (5, 5, 0, True)
+    assert out.by_author == {"a": 2, "b": 3}
+
+
+def test_keys_order_the_draw_and_caps_skip() -> None:
+    # peers' completions in admitted order: a0 a1 a2 b0 b1 y0 y1 z0 (y, z young); weights 1: key = u
+    rounds = [admitted(ME, "p1", 2), admitted("a", "p1", 3), admitted("b", "p1", 2), admitted("y", "p1", 2)]
+    rounds.append(admitted("z", "p2", 1))
+    u = [0.50, 0.95, 0.90, 0.10, 0.80, 0.99, 0.70, 0.60]
+    rules = DrawRules(external=4, per_author=2, young_share=0.25)  # young cap floor(4 * 0.25) = 1
+    out = draw(rounds, ME, rules, lambda _: 1.0, lambda p: p in ("y", "z"), FixedRng(u))
+    # by key: y0 .99 (young, 1st young: taken), a1 .95, a2 .90, b1 .80, y1 .70 (young cap reached), ...
+    assert texts(out) == ["me-p1-0", "me-p1-1", "a-p1-1", "a-p1-2", "b-p1-1", "y-p1-0"]
+    assert (out.offered, out.drawn, out.young_drawn, out.full) == (8, 4, 1, True)
+    assert out.by_author == {"y": 1, "a": 2, "b": 1}
+    # a drawn completion keeps its own index (the plan binding and the sampling proof judge it as before)
+    drawn_a = next(a for a in out.admitted if a.rollout.author == "a")
+    assert drawn_a.rollout.indices == (11, 12)
+
+
+def test_per_author_cap_and_short_rounds() -> None:
+    rounds = [admitted("a", "p1", 5)]
+    out = draw(rounds, ME, DrawRules(external=4, per_author=2), lambda _: 1.0, lambda _: False, random.Random(1))
+    assert out.drawn == 2 and out.by_author == {"a": 2} and not out.full  # one author can give only 2
+
+
+def test_weights_bias_the_draw() -> None:
+    # Efraimidis-Spirakis: weight 1 against 1/6, one completion each, one drawn: P(heavy) = 6 / 7
+    rounds = [admitted("heavy", "p1", 1), admitted("light", "p1", 1)]
+    rules = DrawRules(external=1, per_author=1, young_share=1.0)
+    weights = {"heavy": 1.0, "light": 1 / 6}
+    wins = sum(
+        draw(rounds, ME, rules, weights.__getitem__, lambda _: False, random.Random(s)).by_author.get("heavy", 0)
+        for s in range(4000)
+    )
+    assert wins / 4000 == pytest.approx(6 / 7, abs=0.02)
+
+
+def test_young_cap() -> None:
+    assert [young_cap(j, 0.25) for j in (0, 1, 3, 4, 7, 8, 16)] == [0, 0, 0, 1, 1, 2, 4]
+    assert young_cap(10, 0.3) == 3  # not 2 from 2.9999999999999996
+
+
+def test_private_rng_is_the_nodes_own_and_per_round() -> None:
+    assert private_rng(b"k1", 3).random() == private_rng(b"k1", 3).random()
+    assert private_rng(b"k1", 3).random() != private_rng(b"k2", 3).random()
+    assert private_rng(b"k1", 3).random() != private_rng(b"k1", 4).random()
+
+
+def test_seniority_counts_rounds_of_verified_work() -> None:
+    s = Seniority(young_rounds=3, max_authors=2)
+    assert s.young("x") and s.weight("x") == pytest.approx(1 / 4)
+    s.credit(1, ["x", "x"])
+    s.credit(1, ["x"])  # once per round
+    assert s.rounds("x") == 1 and s.weight("x") == pytest.approx(2 / 4)
+    s.credit(2, ["x"])
+    assert not s.has_seniors()
+    s.credit(3, ["x"])
+    assert s.rounds("x") == 3 and not s.young("x") and s.weight("x") == 1.0 and s.has_seniors()
+    s.credit(4, ["x"])
+    assert s.weight("x") == 1.0  # capped at K
+    s.credit(5, ["y"])
+    s.credit(6, ["z"])  # x, credited least recently, is forgotten: young again
+    assert s.rounds("x") == 0 and s.young("x")
+    restored = Seniority(3)
+    restored.load({**s.to_dict(), "bad": "entry"})
+    assert restored.snapshot() == {"y": 1, "z": 1}
+
+
+@pytest.mark.parametrize("sybils", [10, 50])
+def test_fresh_identities_take_at_most_the_young_share_whatever_their_number(sybils: int) -> None:
+    """3 honest peers (senior) and ``sybils`` fresh identities, every one with 8 completions a round; the
+    node draws J = 16. Sybils never earn seniority (their completions are junk: no positive reward). Over 200
+    rounds their share of the draw stays within the cap, 0.25; without the cap it is far above it (this test
+    fails without the young-share rule)."""
+    honest = [f"h{i}" for i in range(3)]
+    fresh = [f"s{i}" for i in range(sybils)]
+    rounds = [admitted(a, f"p{k}", 2, part=k) for a in honest + fresh for k in range(4)]
+    seniority = Seniority(young_rounds=5)
+    for r in range(5):
+        seniority.credit(r, honest)
+
+    def shares(rules: DrawRules) -> list[float]:
+        out = []
+        for r in range(200):
+            d = draw(rounds, ME, rules, seniority.weight, seniority.young, private_rng(b"node", r))
+            out.append(sum(n for a, n in d.by_author.items() if a in fresh) / d.drawn)
+        return out
+
+    capped = shares(DrawRules(external=16, per_author=4, young_share=0.25))
+    assert max(capped) <= 0.25
+    uncapped = shares(DrawRules(external=16, per_author=4, young_share=1.0))
+    assert statistics.mean(uncapped) > 0.3, "without the cap the Sybils' share is above it"
+
+
+def test_young_authors_top_up_where_seniors_offer_too_few() -> None:
+    # At the start of a run everyone is young: the cap (1 of 4) would leave 3 places empty; the second pass, in
+    # key order, fills them from the young authors' skipped completions.
+    rounds = [admitted("y", "p1", 3), admitted("z", "p1", 3)]
+    u = [0.9, 0.5, 0.1, 0.8, 0.7, 0.2]  # y0 y1 y2 z0 z1 z2
+    rules = DrawRules(external=4, per_author=3, young_share=0.25)
+    out = draw(rounds, ME, rules, lambda _: 1.0, lambda _: True, FixedRng(u))
+    # pass 1: y0 (.9); pass 2 in key order: z0 (.8), z1 (.7), y1 (.5)
+    assert texts(out) == ["y-p1-0", "y-p1-1", "z-p1-0", "z-p1-1"]
+    assert (out.drawn, out.young_drawn, out.full) == (4, 4, True)
+    # one senior offering 2 of the 3 places the cap leaves: a node that knows no senior tops up from the young
+    rounds = [admitted("s", "p1", 2), *rounds]
+    u = [0.3, 0.2, 0.9, 0.5, 0.1, 0.8, 0.7, 0.6]  # s0 s1 y0 y1 y2 z0 z1 z2
+    out = draw(rounds, ME, rules, lambda _: 1.0, lambda a: a != "s", FixedRng(u))
+    assert out.by_author == {"y": 1, "s": 2, "z": 1} and out.young_drawn == 2
+    # ... and one that knows a senior never does: 3 of 4, the young within their cap of 1
+    out = draw(rounds, ME, rules, lambda _: 1.0, lambda a: a != "s", FixedRng(u), top_up=False)
+    assert out.by_author == {"s": 2, "y": 1} and out.young_drawn == 1 and (out.drawn, out.full) == (3, False)
