@@ -174,3 +174,11 @@ def test_windowed_advantages_by_hand() -> None:
     memory.remember(3, [0.0], ["p"])
     assert memory.history(4) == {"p": [0.0, 0.0], "q": [1.0]}
     assert memory.history(6) == {}
+
+
+def test_a_simulation_refuses_async_mode_with_a_clear_error() -> None:
+    from dgrpo.errors import ConfigError
+    from dgrpo.simulations.scenario import load_scenario
+
+    with pytest.raises(ConfigError, match="lock-step"):
+        load_scenario(overrides=["rollout.mode='async'"])

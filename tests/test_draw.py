@@ -158,3 +158,48 @@ def test_young_authors_top_up_where_seniors_offer_too_few() -> None:
     # ... and one that knows a senior never does: 3 of 4, the young within their cap of 1
     out = draw(rounds, ME, rules, lambda _: 1.0, lambda a: a != "s", FixedRng(u), top_up=False)
     assert out.by_author == {"s": 2, "y": 1} and out.young_drawn == 1 and (out.drawn, out.full) == (3, False)
+
+
+def crowd(seniors: int, youngs: int, n: int = 2) -> list[Admitted]:
+    rounds = [admitted(ME, "p1", n)]
+    rounds += [admitted(f"s{k}", "p1", n) for k in range(seniors)]
+    rounds += [admitted(f"y{k}", "p1", n) for k in range(youngs)]
+    return sorted(rounds, key=lambda a: (a.rollout.prompt_id, a.rollout.author))
+
+
+def test_sampling_and_keying_draw_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Far more offered than drawn, the draw samples (O(J)) instead of keying every completion; the two paths
+    are the same successive weighted sampling without replacement: the same shares, within noise."""
+    import dgrpo.round.draw as module
+
+    rounds = crowd(20, 20)  # 80 peers' completions, J = 8: the sampling path
+    weights = {f"s{k}": 1.0 for k in range(20)} | {f"y{k}": 1 / 6 for k in range(20)}
+    rules = DrawRules(external=8, per_author=2, young_share=1.0)
+
+    def heavy_share() -> float:
+        runs = [
+            draw(rounds, ME, rules, weights.__getitem__, lambda _: False, random.Random(s), per_rollout=2)
+            for s in range(400)
+        ]
+        assert all(r.drawn == 8 for r in runs)
+        return statistics.fmean(sum(v for a, v in r.by_author.items() if a[0] == "s") / 8 for r in runs)
+
+    sampled = heavy_share()
+    monkeypatch.setattr(module, "SCAN_FACTOR", 10**6)  # force the keyed pass
+    keyed = heavy_share()
+    # By hand, the first draw is heavy with probability 40 / (40 + 40 / 6) = 6 / 7 = 0.857; later ones a little
+    # less as heavy completions are used up: both paths land near 0.85.
+    assert 0.80 < sampled < 0.90 and 0.80 < keyed < 0.90
+    assert abs(sampled - keyed) < 0.03
+
+
+def test_a_crowd_of_young_authors_stays_capped_on_the_sampling_path() -> None:
+    # 100 young authors and one senior with 2 completions: J = 8, young cap 2. The senior's 2 and 2 young ones
+    # are drawn, no more (a node that knows a senior never tops up from the young).
+    rounds = crowd(1, 100)
+    for s in range(50):
+        out = draw(
+            rounds, ME, DrawRules(external=8, per_author=4, young_share=0.25), lambda _: 1.0,
+            lambda a: a.startswith("y"), random.Random(s), top_up=False, per_rollout=2,
+        )  # fmt: skip
+        assert out.young_drawn == 2 and out.by_author.get("s0") == 2 and out.drawn == 4 and not out.full

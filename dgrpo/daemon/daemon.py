@@ -29,7 +29,7 @@ from dgrpo.daemon.fresh import FreshStart
 from dgrpo.daemon.identity import check_resume, load_identity
 from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
 from dgrpo.daemon.manifest_exchange import ManifestService
-from dgrpo.daemon.membership import joining_round, lower_median
+from dgrpo.daemon.membership import joining_round, lower_median, upper_median
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog
 from dgrpo.daemon.run_manifest import base_weights, hold_manifest, refused_at_join
@@ -392,11 +392,13 @@ class Daemon:
         return {p for p in self.live_peers() if expected(p)}
 
     def network_round(self) -> int:
-        """The round the network is in: the lower median of the live, running peers' progress (0: none ran one)."""
+        """The round the network is in: the lower median of the live, running peers' progress (0: none ran one);
+        in async mode the upper median (nodes that do not wait spread out: see :meth:`_catch_up`)."""
         assert self.transport is not None
         table = {p.peer_id: p for p in self.transport.peer_table()}
         live = self.live_peers()
-        return lower_median(
+        median = upper_median if self.asynchronous else lower_median
+        return median(
             self.progress(p) for p in live if p in table and table[p].status == "running" and table[p].rounds_done
         )
 
@@ -419,12 +421,14 @@ class Daemon:
         In async mode nodes do not wait for each other, so their rounds drift apart with their speeds, and a
         rollout's staleness (the receiver's round minus its own) would grow without bound between two nodes of
         slightly different speeds. Each step a node therefore moves up to the most advanced live peer's round,
-        but never past the network's (the lower median) plus ``rounds_ahead``: one peer claiming a far round
-        cannot push the others ahead (which would make every honest rollout stale)."""
+        but never more than ``rounds_ahead`` past the network's (the upper median) or its own: a minority
+        claiming far rounds cannot push the others ahead (which would make every honest rollout stale). A node
+        that restarts far behind moves up in one step, and its horizon (:meth:`rollout_horizon`, from the same
+        median) is at the network's front at once: the leader's rollouts are never taken for a spread flood."""
         network = self.network_round()
         if self.asynchronous:
             lead = max((self.progress(p) for p in self.live_peers()), default=0)
-            target = max(network + 1, min(lead, network + self.settings.limits.rounds_ahead))
+            target = min(lead, max(network, self.round) + self.settings.limits.rounds_ahead)
             if target > self.round:
                 if target - self.round > self.settings.rollout.max_staleness:
                     self._error(f"fell behind at round {self.round}; moved to round {target}")

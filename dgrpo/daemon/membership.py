@@ -12,6 +12,14 @@ def lower_median(rounds: Iterable[int]) -> int:
     return ordered[(len(ordered) - 1) // 2] if ordered else 0
 
 
+def upper_median(rounds: Iterable[int]) -> int:
+    """The upper median of peers' rounds (async mode: nodes that do not wait for each other spread out, and the
+    front of the network is where the rollouts come from); 0 for none. A minority naming far-off rounds cannot
+    move it; with two peers it is the more advanced one."""
+    ordered = sorted(rounds)
+    return ordered[len(ordered) // 2] if ordered else 0
+
+
 JOIN_SPREAD = 2  # rounds a joiner believes peers may be ahead of the lower median of those under way
 
 

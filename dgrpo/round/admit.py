@@ -184,10 +184,14 @@ class Admitter:
             self._by_reason.update(rejected)
             for (author, reason), n in by_author_reason.items():
                 self._by_author.add(author, reason, n)
+        own = tuple(k for k, a in enumerate(admitted) if a.rollout.author == self.self_id)
         return Admission(
             messages=len(rollouts),
             completions_received=sum(len(r.completions) for r in rollouts),
             admitted=tuple(admitted),
+            offered=sum(len(a.rollout.completions) for a in admitted)
+            - sum(len(admitted[k].rollout.completions) for k in own),
+            own=own,
             rejected=dict(rejected),
             rejected_by_author=dict(by_author),
             dropped=tuple(dropped),

@@ -20,6 +20,15 @@ than ``external`` when seniors offer too few). **The bound**: whatever the numbe
 node knows a senior author they make up at most ``floor(young_share * external)`` of the external completions it
 draws in any round, at most ``per_author`` each.
 A drawn completion keeps its rollout's index, so the plan binding and the sampling proof judge it as before.
+
+**Cost.** Keying every offered completion costs O(offered): the draw would grow with the network like the receive
+path. Where many more are offered than drawn (``offered > SCAN_FACTOR * external``) the draw samples instead: a
+uniform position among the admitted rollouts and a uniform completion of it, kept with probability ``w`` (the
+weights are at most 1) unless it is the node's own, taken already or capped. Each kept sample is then drawn with
+probability proportional to ``w`` among the eligible completions not yet taken: the same successive sampling
+without replacement as the keys give, in O(J) expected steps while most offered completions are eligible. Where
+that does not finish within ``16 * external + 64`` tries (most of what is offered is capped: a Sybil crowd) the
+remaining draws fall back to the keyed pass, so the rules and the bound never depend on which path ran.
 """
 
 from __future__ import annotations
@@ -52,6 +61,9 @@ def private_rng(secret: bytes, round_idx: int) -> random.Random:
     return random.Random(int.from_bytes(digest, "big"))
 
 
+SCAN_FACTOR = 4  # key every offered completion when at most this many times J are offered
+
+
 def draw(
     admitted: Sequence[Admitted],
     me: str,
@@ -60,53 +72,118 @@ def draw(
     young: Callable[[str], bool],
     rng: random.Random,
     top_up: bool = True,
+    offered: int | None = None,
+    own: Sequence[int] | None = None,
+    per_rollout: int | None = None,
 ) -> Drawn:
-    units = [
-        (j, i) for j, a in enumerate(admitted) if a.rollout.author != me for i in range(len(a.rollout.completions))
-    ]
+    """The draw. ``offered`` (peers' admitted completions), ``own`` (positions of the node's own rollouts in
+    ``admitted``) and ``per_rollout`` (the most completions a rollout may hold: the plan's share) are counted by
+    the admit stage, with the other per-message work; without them they are counted here."""
+    if offered is None:
+        offered = sum(len(a.rollout.completions) for a in admitted if a.rollout.author != me)
+    if own is None:
+        own = [j for j, a in enumerate(admitted) if a.rollout.author == me]
     if rules.external is None:
-        by_author = Counter(admitted[j].rollout.author for j, _ in units)
-        return Drawn(tuple(admitted), len(units), len(units), 0, dict(by_author), True)
-    keyed = []
-    for j, i in units:  # one draw per unit, in the admitted order: reproducible for a given rng
-        w = max(weight(admitted[j].rollout.author), 1e-9)
-        keyed.append((rng.random() ** (1.0 / w), j, i))
-    keyed.sort(key=lambda t: -t[0])
-    cap = young_cap(rules.external, rules.young_share)
-    taken: dict[int, list[int]] = defaultdict(list)
-    per_author: Counter[str] = Counter()
-    young_taken = total = 0
-    chosen: set[tuple[int, int]] = set()
-    # The second pass tops up with young authors' completions where seniors gave too few; only for a node that
-    # knows no senior author yet (``top_up``): once it has one, young authors never exceed the cap.
-    for capped in (True, False) if top_up else (True,):
-        for _, j, i in keyed:
-            if total >= rules.external:
-                break
-            author = admitted[j].rollout.author
-            if (j, i) in chosen or per_author[author] >= rules.per_author:
-                continue
-            is_young = young(author)
-            if capped and is_young and young_taken >= cap:
-                continue
-            chosen.add((j, i))
-            taken[j].append(i)
-            per_author[author] += 1
-            young_taken += is_young
-            total += 1
-    kept = [  # in the admitted order (by prompt, author, part), as the stages after expect
-        a if a.rollout.author == me else _subset(a, sorted(taken[j]))
-        for j, a in enumerate(admitted)
-        if a.rollout.author == me or j in taken
-    ]
+        by_author = Counter(a.rollout.author for a in admitted for _ in a.rollout.completions)
+        by_author.pop(me, None)
+        return Drawn(tuple(admitted), offered, offered, 0, dict(by_author), True)
+    state = _DrawState(admitted, rules, weight, young)
+    if offered > SCAN_FACTOR * rules.external:
+        state.sample(me, rng, per_rollout or max(len(a.rollout.completions) for a in admitted))
+    if state.total < rules.external:
+        state.scan(me, rng, top_up)
+    kept_at = sorted({*own, *state.taken})  # in the admitted order (by prompt, author, part), as later stages expect
+    kept = [admitted[j] if j not in state.taken else _subset(admitted[j], sorted(state.taken[j])) for j in kept_at]
     return Drawn(
         tuple(kept),
-        offered=len(units),
-        drawn=total,
-        young_drawn=young_taken,
-        by_author=dict(per_author),
-        full=total >= rules.external,
+        offered=offered,
+        drawn=state.total,
+        young_drawn=state.young_taken,
+        by_author=dict(state.per_author),
+        full=state.total >= rules.external,
     )
+
+
+class _DrawState:
+    """What has been drawn so far, and the rules a next completion must pass."""
+
+    def __init__(
+        self,
+        admitted: Sequence[Admitted],
+        rules: DrawRules,
+        weight: Callable[[str], float],
+        young: Callable[[str], bool],
+    ) -> None:
+        assert rules.external is not None
+        self.admitted = admitted
+        self.rules = rules
+        self.external = rules.external
+        self.cap = young_cap(rules.external, rules.young_share)
+        self._weight = weight
+        self._young = young
+        self._weights: dict[str, float] = {}
+        self._youth: dict[str, bool] = {}
+        self.taken: dict[int, list[int]] = defaultdict(list)
+        self.chosen: set[tuple[int, int]] = set()
+        self.per_author: Counter[str] = Counter()
+        self.young_taken = 0
+        self.total = 0
+
+    def weight(self, author: str) -> float:
+        if author not in self._weights:
+            self._weights[author] = min(max(self._weight(author), 1e-9), 1.0)
+        return self._weights[author]
+
+    def young(self, author: str) -> bool:
+        if author not in self._youth:
+            self._youth[author] = self._young(author)
+        return self._youth[author]
+
+    def take(self, j: int, i: int, capped: bool) -> bool:
+        """Take completion ``i`` of rollout ``j`` if the rules allow it."""
+        author = self.admitted[j].rollout.author
+        if (j, i) in self.chosen or self.per_author[author] >= self.rules.per_author:
+            return False
+        is_young = self.young(author)
+        if capped and is_young and self.young_taken >= self.cap:
+            return False
+        self.chosen.add((j, i))
+        self.taken[j].append(i)
+        self.per_author[author] += 1
+        self.young_taken += is_young
+        self.total += 1
+        return True
+
+    def sample(self, me: str, rng: random.Random, per_rollout: int) -> None:
+        """Rejection sampling: O(J) expected steps when most of what is offered is eligible."""
+        n = len(self.admitted)
+        for _ in range(16 * self.external + 64):
+            if self.total >= self.external:
+                return
+            j = rng.randrange(n)
+            rollout = self.admitted[j].rollout
+            i = rng.randrange(per_rollout)
+            if rollout.author == me or i >= len(rollout.completions) or rng.random() >= self.weight(rollout.author):
+                continue
+            self.take(j, i, capped=True)
+
+    def scan(self, me: str, rng: random.Random, top_up: bool) -> None:
+        """Key every offered completion (Efraimidis-Spirakis) and take them in decreasing key order."""
+        keyed = []
+        for j, a in enumerate(self.admitted):  # one key per completion, in the admitted order: reproducible
+            if a.rollout.author == me:
+                continue
+            w = self.weight(a.rollout.author)
+            for i in range(len(a.rollout.completions)):
+                keyed.append((rng.random() ** (1.0 / w), j, i))
+        keyed.sort(key=lambda t: -t[0])
+        # The second pass tops up with young authors' completions where seniors gave too few; only for a node
+        # that knows no senior author yet (``top_up``): once it has one, young authors never exceed the cap.
+        for capped in (True, False) if top_up else (True,):
+            for _, j, i in keyed:
+                if self.total >= self.external:
+                    return
+                self.take(j, i, capped)
 
 
 def _subset(a: Admitted, positions: list[int]) -> Admitted:

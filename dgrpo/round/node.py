@@ -124,6 +124,7 @@ class Node:
         drawn = draw(
             admission.admitted, self.peer_id, self.draw_rules, self.seniority.weight, self.seniority.young,
             private_rng(self.secret, round_idx), top_up=not self.seniority.has_seniors(),
+            offered=admission.offered, own=admission.own, per_rollout=self.rollout.completions_per_prompt,
         )  # fmt: skip
         c1 = time.thread_time()
         kept, defense = defend(

@@ -71,6 +71,10 @@ class Admission:
     rejected_by_author: Mapping[str, int] = field(default_factory=dict)  # messages, by author
     dropped: tuple[Checked, ...] = ()  # peers' completions rejected here, never checked or trained on
     evidence_by_author: Mapping[str, int] = field(default_factory=dict)  # rejections an honest peer never earns
+    # Counted here with the other per-message work, for the draw stage: peers' admitted completions, and the
+    # positions of the node's own rollouts in ``admitted``.
+    offered: int = 0
+    own: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

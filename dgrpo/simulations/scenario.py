@@ -113,6 +113,15 @@ class Scenario(RunConfig):
         return self
 
     @model_validator(mode="after")
+    def _simulations_are_lock_step(self) -> Scenario:
+        if self.rollout.mode == "async":
+            raise ValueError(
+                "rollout.mode = 'async' is the daemons' (a node that never waits for its peers); simulations run "
+                "lock-step rounds: try it with `dgrpo testnet up -s rollout.mode=async` (docs/scale.md)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _adversary_for_malicious(self) -> Scenario:
         if self.nodes.malicious and self.adversary is None:
             raise ValueError("nodes.malicious > 0 needs an [adversary] section (e.g. name = 'text')")
