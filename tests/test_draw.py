@@ -203,3 +203,16 @@ def test_a_crowd_of_young_authors_stays_capped_on_the_sampling_path() -> None:
             lambda a: a.startswith("y"), random.Random(s), top_up=False, per_rollout=2,
         )  # fmt: skip
         assert out.young_drawn == 2 and out.by_author.get("s0") == 2 and out.drawn == 4 and not out.full
+
+
+def test_a_node_that_knows_no_senior_samples_uncapped() -> None:
+    # The start of a run: 40 young authors, nobody senior. The keyed pass would take the cap's 2 and top up to 8
+    # from the same order; the sampling path, told that everyone is young, draws the 8 directly, as many per
+    # author as the rules allow, every one young.
+    rounds = crowd(0, 40)
+    for s in range(20):
+        out = draw(
+            rounds, ME, DrawRules(external=8, per_author=1, young_share=0.25), lambda _: 1 / 6, lambda _: True,
+            random.Random(s), per_rollout=2, everyone_young=True,
+        )  # fmt: skip
+        assert (out.drawn, out.young_drawn, out.full) == (8, 8, True) and max(out.by_author.values()) == 1

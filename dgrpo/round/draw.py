@@ -28,7 +28,10 @@ weights are at most 1) unless it is the node's own, taken already or capped. Eac
 probability proportional to ``w`` among the eligible completions not yet taken: the same successive sampling
 without replacement as the keys give, in O(J) expected steps while most offered completions are eligible. Where
 that does not finish within ``16 * external + 64`` tries (most of what is offered is capped: a Sybil crowd) the
-remaining draws fall back to the keyed pass, so the rules and the bound never depend on which path ran.
+remaining draws fall back to the keyed pass, so the rules and the bound never depend on which path ran. A node
+that knows no senior samples uncapped: every author is young then, and the keyed pass's two passes amount to the
+top J keys. Under a crowd of young identities beside a few seniors the cap rejects most samples and the fallback
+runs: the draw then costs O(offered) again, as before.
 """
 
 from __future__ import annotations
@@ -75,10 +78,13 @@ def draw(
     offered: int | None = None,
     own: Sequence[int] | None = None,
     per_rollout: int | None = None,
+    everyone_young: bool = False,
 ) -> Drawn:
     """The draw. ``offered`` (peers' admitted completions), ``own`` (positions of the node's own rollouts in
     ``admitted``) and ``per_rollout`` (the most completions a rollout may hold: the plan's share) are counted by
-    the admit stage, with the other per-message work; without them they are counted here."""
+    the admit stage, with the other per-message work; without them they are counted here. ``everyone_young``:
+    the caller knows no senior author (so every author here is young), which lets the sampling path run
+    uncapped (the node's ``top_up`` case)."""
     if offered is None:
         offered = sum(len(a.rollout.completions) for a in admitted if a.rollout.author != me)
     if own is None:
@@ -89,7 +95,10 @@ def draw(
         return Drawn(tuple(admitted), offered, offered, 0, dict(by_author), True)
     state = _DrawState(admitted, rules, weight, young)
     if offered > SCAN_FACTOR * rules.external:
-        state.sample(me, rng, per_rollout or max(len(a.rollout.completions) for a in admitted))
+        # A node that knows no senior sees only young authors: the keyed pass would take the cap's worth first
+        # and top up from the same order, i.e. the top J keys; sampling uncapped is the same draw.
+        uncapped = everyone_young and top_up
+        state.sample(me, rng, per_rollout or max(len(a.rollout.completions) for a in admitted), not uncapped)
     if state.total < rules.external:
         state.scan(me, rng, top_up)
     kept_at = sorted({*own, *state.taken})  # in the admitted order (by prompt, author, part), as later stages expect
@@ -154,7 +163,7 @@ class _DrawState:
         self.total += 1
         return True
 
-    def sample(self, me: str, rng: random.Random, per_rollout: int) -> None:
+    def sample(self, me: str, rng: random.Random, per_rollout: int, capped: bool = True) -> None:
         """Rejection sampling: O(J) expected steps when most of what is offered is eligible."""
         n = len(self.admitted)
         for _ in range(16 * self.external + 64):
@@ -165,7 +174,7 @@ class _DrawState:
             i = rng.randrange(per_rollout)
             if rollout.author == me or i >= len(rollout.completions) or rng.random() >= self.weight(rollout.author):
                 continue
-            self.take(j, i, capped=True)
+            self.take(j, i, capped)
 
     def scan(self, me: str, rng: random.Random, top_up: bool) -> None:
         """Key every offered completion (Efraimidis-Spirakis) and take them in decreasing key order."""

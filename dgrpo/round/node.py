@@ -121,10 +121,11 @@ class Node:
             self.task, self.learner, self.sampling, self.run_id, round_idx, self.learner.model_id, self.weights,
             self.peer_id,
         )  # fmt: skip
+        seniors = self.seniority.has_seniors()
         drawn = draw(
             admission.admitted, self.peer_id, self.draw_rules, self.seniority.weight, self.seniority.young,
-            private_rng(self.secret, round_idx), top_up=not self.seniority.has_seniors(),
-            offered=admission.offered, own=admission.own, per_rollout=self.rollout.completions_per_prompt,
+            private_rng(self.secret, round_idx), top_up=not seniors, offered=admission.offered, own=admission.own,
+            per_rollout=self.rollout.completions_per_prompt, everyone_young=not seniors,
         )  # fmt: skip
         c1 = time.thread_time()
         kept, defense = defend(
