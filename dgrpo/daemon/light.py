@@ -126,8 +126,8 @@ class LightHost:
 
     async def run(self) -> None:
         from dgrpo.daemon.launch import open_daemon, read_node_file
+        from dgrpo.daemon.run_manifest import share_manifest
         from dgrpo.daemon.settings import load_node_settings
-        from dgrpo.daemon.testnet import share_manifest
 
         per_node = _PerNodeHandler()
         root = logging.getLogger()

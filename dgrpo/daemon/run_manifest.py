@@ -21,6 +21,7 @@ import contextvars
 import copy
 import json
 import logging
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,12 @@ def hold_manifest(settings: NodeSettings, identity: Identity, base: BaseWeights)
 def manifest_summary(signed: SignedManifest) -> Mapping[str, Any]:
     m = signed.manifest
     return {"run_id": m.run_id, "sha256": signed.sha256, "creator": m.creator_peer_id, "model": m.model_id}
+
+
+def share_manifest(creator: Path, state: Path) -> None:
+    """One run, one creator: node 0 signs the run's manifest, the others hold it (their settings are node 0's
+    but for local keys), as joiners would, instead of each signing its own and seeing the others' as
+    ``wrong_creator``. Not in a heterogeneous testnet: its nodes run different models, each its own run manifest."""
+    state.mkdir(parents=True, exist_ok=True)
+    if not (state / MANIFEST_FILE).exists() and (creator / MANIFEST_FILE).exists():
+        shutil.copyfile(creator / MANIFEST_FILE, state / MANIFEST_FILE)

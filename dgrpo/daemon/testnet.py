@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 
 from dgrpo.config import needs_seeded_sampler
 from dgrpo.daemon.launch import read_node_file
+from dgrpo.daemon.run_manifest import share_manifest
 from dgrpo.errors import ConfigError, DgrpoError
 from dgrpo.protocol.identity import Identity
 
@@ -182,17 +182,6 @@ def join_command(node: NetNode) -> str:
     signed = load_manifest(node.state_dir / MANIFEST_FILE)
     pin = f" --manifest-sha256 {signed.sha256}" if signed is not None else ""
     return f"dgrpo node join {(public or addrs or ['<address>'])[0]}{pin}"
-
-
-def share_manifest(creator: Path, state: Path) -> None:
-    """One run, one creator: node 0 signs the run's manifest, the others hold it (their settings are node 0's
-    but for local keys), as joiners would, instead of each signing its own and seeing the others' as
-    ``wrong_creator``. Not in a heterogeneous testnet: its nodes run different models, each its own run manifest."""
-    from dgrpo.daemon.run_manifest import MANIFEST_FILE
-
-    state.mkdir(parents=True, exist_ok=True)
-    if not (state / MANIFEST_FILE).exists() and (creator / MANIFEST_FILE).exists():
-        shutil.copyfile(creator / MANIFEST_FILE, state / MANIFEST_FILE)
 
 
 def scale_overrides(n: int, hosted: bool = False) -> list[str]:

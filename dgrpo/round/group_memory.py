@@ -11,9 +11,9 @@ steps were sampled by policies at most S steps older, the same bound as the comp
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
+
+from dgrpo.learner.grpo import group_advantages
 
 
 def windowed_advantages(
@@ -26,20 +26,10 @@ def windowed_advantages(
     """``A = (r - mean) / (std + eps)`` with each group's mean and unbiased std over its members in this step
     and ``history[group]`` (rewards of earlier steps, not trained on again). Without history this is GRPO's
     group advantage (:func:`dgrpo.learner.grpo.group_advantages`)."""
-    if len(rewards) != len(groups):
-        raise ValueError(f"{len(rewards)} rewards but {len(groups)} group labels")
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        members[g].append(i)
-    out = [0.0] * len(rewards)
-    for g, idx in members.items():
-        values = [float(rewards[i]) for i in idx] + [float(v) for v in history.get(g, ())]
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
-        for i in idx:
-            v = float(rewards[i])
-            out[i] = (v - mean) / (std + eps) if scale else v - mean
-    return out
+    members = dict.fromkeys(groups)
+    past = [(float(v), g) for g in members for v in history.get(g, ())]
+    together = group_advantages([*rewards, *(v for v, _ in past)], [*groups, *(g for _, g in past)], eps, scale)
+    return together[: len(rewards)]  # the remembered rewards shape the baseline; only this step's are trained on
 
 
 class GroupMemory:
