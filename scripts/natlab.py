@@ -214,13 +214,18 @@ class NsNode:
         except (OSError, ValueError):
             return None
 
-    def status(self) -> dict[str, Any] | None:
-        """Its ``/status``, fetched from inside its namespace (the status server listens on its 127.0.0.1)."""
+    def status(self, timeout: float = 15.0) -> dict[str, Any] | None:
+        """Its ``/status``, fetched from inside its namespace (the status server listens on its 127.0.0.1).
+        ``timeout`` is generous: on a 2-core machine running three daemons' training steps an answer can take
+        seconds."""
         info = self.node_file()
         if not info or not info.get("status_url"):
             return None
         # (the standard library, not curl: a bare machine may not have it)
-        fetch = "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=5).read().decode())"
+        fetch = (
+            "import sys, urllib.request as u; "
+            f"sys.stdout.write(u.urlopen(sys.argv[1], timeout={timeout}).read().decode())"
+        )
         got = _run(
             "ip", "netns", "exec", self.ns, sys.executable, "-c", fetch, info["status_url"] + "/status", check=False
         )

@@ -155,3 +155,29 @@ def test_b_reaches_a_through_the_relay() -> None:
                 assert b.traversal.connections()[a.peer_id] == "relayed"  # still: nothing dialled A directly
 
     trio.run(main)
+
+
+def test_a_punch_is_recorded_where_it_succeeds_even_if_no_poll_saw_the_relayed_leg() -> None:
+    """CI once saw a pair of homes connected direct with no hole punch recorded: the relayed connection had been
+    upgraded between two polls of the connection kinds. DCUtR's success path (``_schedule_relay_close``) records
+    the peer itself now."""
+    from dgrpo.net.traversal import PromptDCUtR, Traversal
+
+    dcutr = PromptDCUtR.__new__(PromptDCUtR)  # no host: only the success hook is under test
+    dcutr.punched = set()
+    dcutr._nursery = None  # py-libp2p's schedule is then a no-op
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    dcutr._schedule_relay_close(peer)
+    assert dcutr.punched == {peer.to_base58()}
+
+    traversal = Traversal.__new__(Traversal)
+    traversal.dcutr, traversal.upgraded, traversal._seen_relayed = dcutr, set(), set()
+    traversal.connections = lambda: {peer.to_base58(): "direct"}  # type: ignore[method-assign]
+    traversal._track_upgrades()
+    assert traversal.upgraded == {peer.to_base58()}, "direct now, never seen relayed, but punched"
+    dcutr.punched.clear()
+    other = Traversal.__new__(Traversal)
+    other.dcutr, other.upgraded, other._seen_relayed = dcutr, set(), set()
+    other.connections = lambda: {peer.to_base58(): "direct"}  # type: ignore[method-assign]
+    other._track_upgrades()
+    assert other.upgraded == set(), "a connection that was direct from the start is no hole punch"

@@ -50,6 +50,13 @@ class PromptDCUtR(DCUtRProtocol):
     def __init__(self, host: Any, dial_timeout: int, grace: float) -> None:
         super().__init__(host, dial_timeout=dial_timeout)
         self.grace = grace
+        self.punched: set[str] = set()  # peers a hole punch of ours verified a direct connection to
+
+    def _schedule_relay_close(self, peer_id: ID) -> None:
+        # Called exactly where a punch verified its direct connection: recording it here, not by polling the
+        # connection kinds, cannot miss a relayed connection that was upgraded between two polls.
+        self.punched.add(peer_id.to_base58())
+        super()._schedule_relay_close(peer_id)
 
     async def _close_relayed_conns_after_grace(self, peer_id: ID, grace: float | None = None) -> None:
         await super()._close_relayed_conns_after_grace(peer_id, self.grace if grace is None else grace)
@@ -146,6 +153,10 @@ class Traversal:
             await trio.sleep(self.config.peering_interval)
 
     def _track_upgrades(self) -> None:
+        for peer in self.dcutr.punched if self.dcutr is not None else ():
+            if peer not in self.upgraded:
+                self.upgraded.add(peer)
+                log.info("hole punched: direct connection to %s (DCUtR)", peer)
         for peer, kind in self.connections().items():
             if kind == "relayed":
                 self._seen_relayed.add(peer)
