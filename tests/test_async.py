@@ -182,3 +182,40 @@ def test_a_simulation_refuses_async_mode_with_a_clear_error() -> None:
 
     with pytest.raises(ConfigError, match="lock-step"):
         load_scenario(overrides=["rollout.mode='async'"])
+
+
+def test_an_async_node_ahead_of_the_network_waits_for_half_of_it_never_for_a_straggler(tmp_path: Any) -> None:
+    """``Daemon._keep_pace``: at round 10 with ``rounds_ahead`` 2, a node waits while the upper median of its peers'
+    progress is below 8, and goes on as soon as it reaches 8; one straggler far behind does not hold it (the
+    upper median of two peers is the more advanced one); with nothing heard (0) it never waits; the wait is
+    bounded by ``deadline_seconds``."""
+    import trio
+
+    from dgrpo.daemon.daemon import Daemon
+    from dgrpo.daemon.settings import load_node_settings
+
+    sets = [f"state_dir={str(tmp_path)!r}", "status.enabled=false", "rollout.mode='async'",
+            "rounds.deadline_seconds=3"]  # fmt: skip
+    daemon = Daemon(load_node_settings(None, sets))
+    peers = {"a": 7, "b": 7}
+    daemon.network_round = lambda: sorted(peers.values())[len(peers) // 2]  # type: ignore[method-assign]
+    daemon.round = 10
+
+    async def main() -> list[float]:
+        marks = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(daemon._keep_pace)
+            await trio.sleep(0.5)
+            marks.append(daemon.paced_steps)  # still waiting: nothing counted yet
+            peers["b"] = 8  # with a straggler at 7, the front is at 8: within reach
+        marks.append(daemon.paced_steps)
+        return marks
+
+    assert trio.run(main) == [0, 1]
+    assert 0.4 < daemon.paced_seconds < 2.0
+    peers.update(a=0, b=0)  # nothing heard: no wait
+    trio.run(daemon._keep_pace)
+    assert daemon.paced_steps == 1
+    peers.update(a=3, b=4)  # far behind, and stays so: the wait ends at the deadline
+    trio.run(daemon._keep_pace)
+    assert daemon.paced_steps == 2 and daemon.paced_seconds > 3.0

@@ -5,8 +5,9 @@ with its own key, libp2p host, model and state, over real gossipsub between real
 from __future__ import annotations
 
 import json
-import os
 import statistics
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +113,15 @@ def test_thirty_light_peers_run_rounds_with_bounded_work(tmp_path: Path) -> None
 @pytest.mark.slow  # also slow: the fast tier's -m "not slow" replaces the default -m "not huge"
 @pytest.mark.huge
 @pytest.mark.timeout(4 * 3600)  # not pyproject's 900 s: starting 100 daemons on 2 cores alone takes ~10 minutes
-def test_a_hundred_light_peers_run_twenty_rounds(tmp_path: Path) -> None:
-    """Issue 24's size on this machine (2 cores): 100 daemons, 20 to a process. Not in CI (about 20 minutes):
-    ``pytest -m huge tests/test_light_peers.py``."""
+def test_a_hundred_light_peers_run_twenty_async_steps(tmp_path: Path) -> None:
+    """Issue 24's size on this machine (2 cores): 100 daemons, 20 to a process, in async mode (sync rounds of 100
+    nodes sharing 2 cores close at their deadlines: docs/scale.md). Not in CI (about 40 minutes):
+    ``pytest -m huge tests/test_light_peers.py``. Every node runs its 20 steps, trains on what it drew from many
+    authors, never on anything older than S, and a light peer stays under 100 MB."""
     rounds = 20
-    nodes = start_testnet(100, tmp_path, rounds=rounds, extra=SCALE, per_process=20)
+    nodes = start_testnet(100, tmp_path, rounds=rounds, extra=[*SCALE, "rollout.mode='async'"], per_process=20)
     peak: dict[int, float] = {}
+    t0 = time.time()
     try:
 
         def sample(statuses: list[dict[str, Any] | None]) -> None:
@@ -125,11 +129,22 @@ def test_a_hundred_light_peers_run_twenty_rounds(tmp_path: Path) -> None:
                 peak[pid] = max(peak.get(pid, 0.0), rss_mb(pid))
 
         assert wait_rounds(nodes, rounds, sample, timeout=3 * 3600)
+        wall = time.time() - t0
     finally:
         assert stop_nodes(nodes, timeout=300)
     statuses = statuses_of(nodes)
+    rows = [r for nd in nodes for r in rounds_log(nd)]
+    authors = [len(s["completions_trained_by_author"]) for s in statuses]
+    full = [s["draw"]["rounds_full"] / max(1, s["draw"]["rounds"]) for s in statuses]
+    ages = Counter(int(k) for r in rows for k, v in (r.get("staleness") or {}).items() for _ in range(v))
+    print(json.dumps({
+        "wall_s": round(wall), "peak_rss_mb": peak, "authors_median": statistics.median(authors),
+        "draw_full_median": statistics.median(full), "staleness": dict(sorted(ages.items())),
+        "completions_median": statistics.median(r["completions"] for r in rows),
+        "paced_seconds_median": statistics.median(s["paced"]["seconds"] for s in statuses),
+    }))  # fmt: skip
     assert all(s["rounds_done"] == rounds for s in statuses)
     assert max(peak.values()) / 20 < 100, f"RSS per light peer: {peak}"
-    full = [s["draw"]["rounds_full"] / max(1, s["draw"]["rounds"]) for s in statuses]
-    assert statistics.median(full) >= 0.9, full
-    print(json.dumps({"peak_rss_mb": peak, "cpu_count": os.cpu_count()}))
+    assert max(ages) <= 4, ages  # rollout.max_staleness
+    assert statistics.median(authors) >= 20, authors  # the draw spreads over the network, not a fixed few
+    assert statistics.median(full) >= 0.5, full

@@ -124,6 +124,8 @@ class Daemon:
         self.status_url: str | None = None
         self.restored_blacklist: list[str] = []
         self.catch_ups = 0  # times this node fell behind and rejoined at the network's round
+        self.paced_steps = 0  # async mode: steps that waited for the network to come within reach (_keep_pace)
+        self.paced_seconds = 0.0
         self._connected_at_start: set[str] = set()
         self._announce = trio.Event()  # set to send a heartbeat now (after a jump to another round)
         # Light peers (:mod:`dgrpo.daemon.light`): many daemons in one process share one limiter on their torch
@@ -446,6 +448,32 @@ class Daemon:
             self.catch_ups += 1
             self._announce.set()
 
+    async def _keep_pace(self) -> None:
+        """Async mode: a node more than ``rounds_ahead`` rounds past the network's round (the upper median of its
+        live peers' progress) waits until the network comes within reach, at most ``deadline_seconds``. AReaL
+        (arXiv 2505.24298, sec. 5) bounds staleness the same way, holding generation back when it is more than
+        a maximum version gap ahead of training. Without it a node that the machine happens to favour runs
+        ahead without bound: what most peers publish reaches it older than S and is dropped, and its own
+        rollouts pass others' horizons (``future_round``); seen with 30 light peers on 2 cores, where the
+        leaders ran 7 rounds ahead and drew nothing for their last 9 steps. It waits for half of its peers,
+        never for a straggler: with two peers the upper median is the more advanced one."""
+        if not self.asynchronous:
+            return
+        ahead = self.settings.limits.rounds_ahead
+        network = 0
+        t0 = time.perf_counter()
+        with trio.move_on_after(self.settings.rounds.deadline_seconds):
+            while True:
+                network = self.network_round()
+                if network == 0 or self.round <= network + ahead:
+                    break
+                await trio.sleep(0.1)
+        waited = time.perf_counter() - t0
+        if waited > 0.05:
+            self.paced_steps += 1
+            self.paced_seconds += waited
+            log.debug("async: waited %.1f s at round %d for the network (round %d)", waited, self.round, network)
+
     async def _await_peers(self) -> None:
         """Before a round of a node that needs peers (``min_peers``) but hears none, wait at most two heartbeat
         periods: a node that was suspended hears nobody until their next heartbeats, and would otherwise run
@@ -465,6 +493,7 @@ class Daemon:
             self._connected_at_start = self.gossip.connected_peers()
             await self._await_peers()
             self._catch_up()
+            await self._keep_pace()
             self.transport.round_horizon = self.inbox.horizon = self.rollout_horizon()
             r = self.round
             if s.announce_rounds:  # a heartbeat at every round start: peers see our progress within the round

@@ -75,6 +75,7 @@ def node_snapshot(node: Daemon) -> dict[str, Any]:
         else {"name": node.node.adversary.name, **node.node.adversary.stats.as_dict()},
         "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
         "catch_ups": node.catch_ups,
+        "paced": {"steps": node.paced_steps, "seconds": round(node.paced_seconds, 1)},
         "arrival_evidence": dict(node.arrival_evidence),
         "last_departed": list(last.departed) if last else [],
         "stuck_peers": sorted(gossip.stuck_peers()) if gossip else [],
