@@ -18,7 +18,10 @@ libp2p host, gossipsub router and model) runs ``--rounds`` rounds with a bounded
 - ``update_cpu_ms_per_round``: the update's CPU (bounded by I + J).
 - ``rss_mb_per_peer``: a host process's peak RSS divided by the peers it holds (target at most 100 MB).
 - ``draw_full_pct``: rounds in which a node drew its J external completions.
-- ``round_s_median``: wall time of a round (the whole network shares 2 cores: this grows with N).
+- ``round_s_median``: wall time of a round (the whole network shares 2 cores: this grows with N); ``wall_s``: of
+  all ``--rounds``.
+- with ``--mode async``: ``staleness`` (peers' completions trained on, by age in rounds), ``completions_median``
+  (a step's own + drawn) and ``paced_s_median`` (seconds a node waited for the network, ``rounds.keep_pace``).
 
 Writes ``scale.json``, ``scale.csv`` and ``scale.png`` in ``--out``.
 """
@@ -76,11 +79,13 @@ class RssSampler:
         self._thread.join()
 
 
-def measure(n: int, out: Path, rounds: int, per_process: int, external: int, timeout: float) -> dict[str, Any]:
+def measure(
+    n: int, out: Path, rounds: int, per_process: int, external: int, timeout: float, mode: str, sets: list[str]
+) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
-    progress(f"N = {n}: starting {n} light peers, {per_process} to a process")
+    progress(f"N = {n}: starting {n} light peers, {per_process} to a process ({mode} rounds)")
     t0 = time.time()
-    extra = [*SCALE, f"rollout.external_per_round={external}"]
+    extra = [*SCALE, f"rollout.external_per_round={external}", f"rollout.mode='{mode}'", *sets]
     nodes = start_testnet(n, out, rounds, extra=extra, per_process=min(n, per_process))
     started = time.time() - t0
     processes = {nd.process.pid: sum(1 for m in nodes if m.process.pid == nd.process.pid) for nd in nodes}
@@ -95,6 +100,7 @@ def measure(n: int, out: Path, rounds: int, per_process: int, external: int, tim
                     progress(f"N = {n}: rounds done {done[0]}..{done[-1]} of {rounds}")
 
             finished = wait_rounds(nodes, rounds, show, timeout)
+            wall = time.time() - t0 - started
             statuses = [nd.status() or {} for nd in nodes]
     finally:
         stop_nodes(nodes)
@@ -118,8 +124,14 @@ def measure(n: int, out: Path, rounds: int, per_process: int, external: int, tim
     ]
     update = [1e3 * row["cpu"]["update"] for row in rows if "cpu" in row]
     drawn = [row["drawn"] for row in rows if row.get("drawn")]
+    ages: dict[str, int] = {}
+    for row in rows:
+        for age, count in (row.get("staleness") or {}).items():
+            ages[age] = ages.get(age, 0) + count
     return {
         "n": n,
+        "mode": mode,
+        "sets": sets,
         "finished": finished,
         "rounds": rounds,
         "per_process": min(n, per_process),
@@ -138,6 +150,10 @@ def measure(n: int, out: Path, rounds: int, per_process: int, external: int, tim
         "drawn_median": statistics.median(d["drawn"] for d in drawn) if drawn else None,
         "offered_median": statistics.median(d["offered"] for d in drawn) if drawn else None,
         "round_s_median": round(statistics.median(row["seconds"] for row in rows), 2) if rows else None,
+        "wall_s": round(wall, 1),
+        "completions_median": statistics.median(row["completions"] for row in rows) if rows else None,
+        "staleness": dict(sorted(ages.items(), key=lambda kv: int(kv[0]))),
+        "paced_s_median": statistics.median(float((s.get("paced") or {}).get("seconds", 0.0)) for s in statuses),
         "rounds_at_deadline": sum(1 for s in statuses if s.get("last_errors")),
     }
 
@@ -193,12 +209,16 @@ def main() -> None:
     parser.add_argument("--per-process", type=int, default=20)
     parser.add_argument("--external", type=int, default=8, help="J: external completions drawn per round")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for one N's rounds")
+    parser.add_argument("--mode", choices=["sync", "async"], default="sync", help="rollout.mode of the testnets")
+    parser.add_argument("--set", dest="sets", action="append", default=[], help="another key=value for every node")
     parser.add_argument("--out", type=Path, default=Path("runs/scale"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for n in sorted(args.sizes):
-        row = measure(n, args.out / f"n{n}", args.rounds, args.per_process, args.external, args.timeout)
+        row = measure(
+            n, args.out / f"n{n}", args.rounds, args.per_process, args.external, args.timeout, args.mode, args.sets
+        )
         print(json.dumps(row), flush=True)
         results.append(row)
     summary = {"results": results, "ratios": ratios(results)}

@@ -133,3 +133,37 @@ def test_a_joiner_takes_the_most_advanced_round_within_reach_of_the_median() -> 
     assert joining_round([7, 7, 9, 10]) == 9  # lower median 7: 10 is out of reach, 9 is not
     # a majority of liars still can (bounded Sybil influence is issue 24's work)
     assert joining_round([7, 500, 500]) == 500
+
+
+def test_a_peer_that_ran_all_its_rounds_is_neither_waited_for_nor_the_networks_round(daemon: Daemon) -> None:
+    """A finished node that stays on announced "running" with the round it ended at: 80 of 100 async light peers
+    done at round 21 made the network's round 21 for the 20 still running at 28, and they waited at every step
+    (the huge test). It now announces "done"."""
+    table = [peer(f"done-{i}", 21, status="done", rounds_done=20) for i in range(5)]
+    table += [peer("a", 28), peer("b", 27)]
+    attach(daemon, table)
+    assert daemon.expected_peers(21) == set()  # sync: nobody publishes round 21 any more
+    assert daemon.expected_peers(28) == {"a", "b"}
+    daemon.asynchronous = True
+    try:
+        assert daemon.network_round() == 28  # the upper median of the running ones only
+        daemon.round = 28
+        daemon._catch_up()
+        assert daemon.round == 28
+    finally:
+        daemon.asynchronous = False
+    # Before: the same table with the finished nodes announcing "running" pulls the network back to 21.
+    attach(daemon, [peer(f"done-{i}", 21, rounds_done=20) for i in range(5)] + [peer("a", 28), peer("b", 27)])
+    daemon.asynchronous = True
+    try:
+        assert daemon.network_round() == 21
+    finally:
+        daemon.asynchronous = False
+
+
+def test_a_done_heartbeat_is_on_the_wire() -> None:
+    from dgrpo.protocol.envelope import HeartbeatBody
+
+    assert HeartbeatBody(round=21, rounds_done=20, status="done", listen_addrs=()).status == "done"
+    with pytest.raises(ValueError):
+        HeartbeatBody(round=21, rounds_done=20, status="finished", listen_addrs=())  # type: ignore[arg-type]

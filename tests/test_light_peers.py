@@ -142,9 +142,15 @@ def test_a_hundred_light_peers_run_twenty_async_steps(tmp_path: Path) -> None:
         "draw_full_median": statistics.median(full), "staleness": dict(sorted(ages.items())),
         "completions_median": statistics.median(r["completions"] for r in rows),
         "paced_seconds_median": statistics.median(s["paced"]["seconds"] for s in statuses),
+        "drawn_median": statistics.median(r["drawn"]["drawn"] for r in rows),
     }))  # fmt: skip
     assert all(s["rounds_done"] == rounds for s in statuses)
     assert max(peak.values()) / 20 < 100, f"RSS per light peer: {peak}"
     assert max(ages) <= 4, ages  # rollout.max_staleness
     assert statistics.median(authors) >= 20, authors  # the draw spreads over the network, not a fixed few
-    assert statistics.median(full) >= 0.5, full
+    # The young share's bound at this size: a step's draw is all young (the node knows no senior yet) or holds at
+    # most floor(0.25 * 8) = 2 young authors' completions.
+    assert all(r["drawn"]["young"] <= 2 or r["drawn"]["young"] == r["drawn"]["drawn"] for r in rows)
+    # Once a node knows a senior, young authors fill at most 2 of the 8 and seniors (few, after 20 steps of 100
+    # peers) the rest: most steps draw 6, not 8 (docs/scale.md); at least half of J in the median step.
+    assert statistics.median(r["drawn"]["drawn"] for r in rows[1:]) >= 4

@@ -58,8 +58,9 @@ class RolloutConfig(Section):
         RoundMode,
         Field(
             description="sync: a round waits for every expected peer's rollouts (or its deadline), as in the "
-            "papers; async: a node never waits, each step training on what has arrived from the last "
-            "max_staleness rounds (docs/scale.md)"
+            "papers; async: a node never waits for a straggler, each step training on what has arrived from "
+            "the last max_staleness rounds; it waits only when more than rounds_ahead past half its peers "
+            "(docs/scale.md)"
         ),
     ] = "sync"
     max_staleness: Annotated[

@@ -318,7 +318,7 @@ class Daemon:
             body = HeartbeatBody(
                 round=self.round,
                 rounds_done=self.rounds_done,
-                status="stopping" if self.state == "stopping" else "running",
+                status="stopping" if self.state == "stopping" else "done" if self.state == "done" else "running",
                 listen_addrs=tuple(self.gossip.listen_addrs()[:8]),
             )
             try:
@@ -382,8 +382,11 @@ class Daemon:
         behind rejoins at the network's round (:meth:`_catch_up`) and never publishes this one either: neither
         is waited for."""
         sent = self.inbox.authors(round_idx)
+        done = {p.peer_id for p in self.transport.peer_table() if p.status == "done"} if self.transport else set()
 
         def expected(p: str) -> bool:
+            if p in done:  # it ran all its rounds: it publishes no more rollouts
+                return False
             progress = self.progress(p)
             # Behind by up to two rounds (still training, or its round-start heartbeat not here yet) it will
             # publish this round; further behind it is a straggler that rejoins later (_catch_up). One round
@@ -457,7 +460,7 @@ class Daemon:
         rollouts pass others' horizons (``future_round``); seen with 30 light peers on 2 cores, where the
         leaders ran 7 rounds ahead and drew nothing for their last 9 steps. It waits for half of its peers,
         never for a straggler: with two peers the upper median is the more advanced one."""
-        if not self.asynchronous:
+        if not self.asynchronous or not self.settings.rounds.keep_pace:
             return
         ahead = self.settings.limits.rounds_ahead
         network = 0
@@ -525,6 +528,7 @@ class Daemon:
                 what = "admitted" if bounded else "trained"
                 self._error(f"round {outcome.round} closed by quorum; nothing {what} from {sorted(missing)}")
         self.state = "done"
+        self._announce.set()  # peers stop counting on our rollouts at once, not at the next periodic heartbeat
         log.info("completed %d rounds", self.rounds_done)
         if s.linger:
             await trio.sleep_forever()  # keep gossiping and serving status until told to stop

@@ -67,6 +67,13 @@ class RoundSettings(Section):
         ),
     ] = 1.0
     heartbeat_seconds: Annotated[float, Field(gt=0, description="control-topic heartbeat period")] = 2.0
+    keep_pace: Annotated[
+        bool,
+        Field(
+            description="async mode: more than limits.rounds_ahead rounds past the upper median of the live peers' "
+            "progress, wait for it before the next step (at most deadline_seconds); off: never wait"
+        ),
+    ] = True
     announce_rounds: Annotated[
         bool,
         Field(

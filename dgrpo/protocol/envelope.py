@@ -81,7 +81,9 @@ class HeartbeatBody(WireModel):
 
     round: Annotated[int, Field(ge=0)]
     rounds_done: Annotated[int, Field(ge=0)]
-    status: Literal["running", "stopping"]
+    # "done": it has run all its rounds and stays on (gossip, status) without publishing rollouts: peers neither
+    # wait for it nor count its progress in the network's round (a lingering node's round stays where it ended).
+    status: Literal["running", "stopping", "done"]
     listen_addrs: Annotated[tuple[str, ...], Field(max_length=MAX_LISTEN_ADDRS)]
 
 
