@@ -147,7 +147,9 @@ def test_a_hundred_light_peers_run_twenty_async_steps(tmp_path: Path) -> None:
     assert all(s["rounds_done"] == rounds for s in statuses)
     assert max(peak.values()) / 20 < 100, f"RSS per light peer: {peak}"
     assert max(ages) <= 4, ages  # rollout.max_staleness
-    assert statistics.median(authors) >= 20, authors  # the draw spreads over the network, not a fixed few
+    # Not a fixed few (2 authors can fill a draw of 8 at 4 each); but not most of the 99 either: seniority
+    # weighs the draw towards the authors a node verified first, and young ones get 2 of 8 (docs/scale.md).
+    assert statistics.median(authors) >= 8, authors
     # The young share's bound at this size: a step's draw is all young (the node knows no senior yet) or holds at
     # most floor(0.25 * 8) = 2 young authors' completions.
     assert all(r["drawn"]["young"] <= 2 or r["drawn"]["young"] == r["drawn"]["drawn"] for r in rows)
