@@ -216,3 +216,52 @@ def test_a_node_that_knows_no_senior_samples_uncapped() -> None:
             random.Random(s), per_rollout=2, everyone_young=True,
         )  # fmt: skip
         assert (out.drawn, out.young_drawn, out.full) == (8, 8, True) and max(out.by_author.values()) == 1
+
+
+def test_the_weight_bound_keeps_the_distribution_and_cuts_rejections() -> None:
+    # 20 authors at weight 1/6 and 20 at 2/6 (one round earned), 2 completions each; J = 8, uncapped. Told the
+    # bound 2/6 the sampling path keeps a sample with probability w / (2/6): 1/2 and 1, the same ratio as 1/6 to
+    # 2/6, so the heavier authors' share is the same with and without the bound (by hand, the first draw is
+    # heavy with probability 40 * 2 / (40 * 2 + 40 * 1) = 2/3), with fewer random numbers drawn.
+    heavy = {f"h{i}" for i in range(20)}
+    rounds = [admitted(a, "p1", 2) for a in sorted(heavy | {f"l{i}" for i in range(20)})]
+    weight = lambda a: 2 / 6 if a in heavy else 1 / 6  # noqa: E731
+    rules = DrawRules(external=8, per_author=2, young_share=0.25)
+
+    class Counting(random.Random):
+        calls = 0
+
+        def random(self) -> float:
+            Counting.calls += 1
+            return super().random()
+
+    share, tries = {}, {}
+    for bound in (1.0, 2 / 6):
+        got = []
+        Counting.calls = 0
+        for s in range(400):
+            out = draw(
+                rounds, ME, rules, weight, lambda _: True, Counting(s), per_rollout=2, everyone_young=True,
+                max_weight=bound,
+            )  # fmt: skip
+            assert out.drawn == 8
+            got.append(sum(n for a, n in out.by_author.items() if a in heavy) / 8)
+        share[bound], tries[bound] = statistics.mean(got), Counting.calls / 400
+    assert 0.60 < share[1.0] < 0.72 and 0.60 < share[2 / 6] < 0.72
+    assert abs(share[1.0] - share[2 / 6]) < 0.04
+    # by hand: a sample is kept with probability 1/4 on average without the bound, 3/4 with it
+    assert tries[2 / 6] < 0.5 * tries[1.0], tries
+
+
+def test_seniority_bounds_every_weight() -> None:
+    s = Seniority(young_rounds=5, max_authors=2)
+    assert s.max_weight() == 1 / 6  # nobody credited: everyone fresh
+    for r in range(3):
+        s.credit(r, ["a"])
+    s.credit(3, ["b"])
+    assert s.max_weight() == 4 / 6 == s.weight("a")
+    s.credit(4, ["c"])  # max_authors 2: "a" is forgotten, the bound stays (an upper bound, never too low)
+    assert s.weight("a") == 1 / 6 and s.max_weight() == 4 / 6
+    for r in range(5, 12):
+        s.credit(r, ["b"])
+    assert s.max_weight() == 1.0

@@ -149,7 +149,7 @@ def test_a_hundred_light_peers_run_twenty_async_steps(tmp_path: Path) -> None:
     assert max(ages) <= 4, ages  # rollout.max_staleness
     # Not a fixed few (2 authors can fill a draw of 8 at 4 each); but not most of the 99 either: seniority
     # weighs the draw towards the authors a node verified first, and young ones get 2 of 8 (docs/scale.md).
-    assert statistics.median(authors) >= 8, authors
+    assert statistics.median(authors) >= 6, authors  # 10 and 8 in two runs
     # The young share's bound at this size: a step's draw is all young (the node knows no senior yet) or holds at
     # most floor(0.25 * 8) = 2 young authors' completions.
     assert all(r["drawn"]["young"] <= 2 or r["drawn"]["young"] == r["drawn"]["drawn"] for r in rows)

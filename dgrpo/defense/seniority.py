@@ -29,12 +29,14 @@ class Seniority:
         self.young_rounds = young_rounds
         self.max_authors = max_authors
         self._rounds: OrderedDict[str, tuple[int, int]] = OrderedDict()  # author -> (rounds earned, last round)
+        self._most = 0  # the most rounds any author earned (never lowered by forgetting: an upper bound)
 
     def credit(self, round_idx: int, authors: Iterable[str]) -> None:
         """``authors`` did verified work in ``round_idx`` (each counts once per round)."""
         for author in set(authors):
             earned, last = self._rounds.pop(author, (0, -1))
             self._rounds[author] = (earned + 1, round_idx) if round_idx != last else (earned, last)
+            self._most = max(self._most, self._rounds[author][0])
             while len(self._rounds) > self.max_authors:
                 self._rounds.popitem(last=False)
 
@@ -47,6 +49,11 @@ class Seniority:
     def has_seniors(self) -> bool:
         """Whether any author this node knows is no longer young (the draw then never tops up with young ones)."""
         return any(earned >= self.young_rounds for earned, _ in self._rounds.values())
+
+    def max_weight(self) -> float:
+        """At least every author's :meth:`weight`, in O(1): the draw's sampling path scales its acceptance by it."""
+        k = self.young_rounds
+        return (1 + min(self._most, k)) / (1 + k)
 
     def weight(self, author: str) -> float:
         k = self.young_rounds
@@ -63,6 +70,7 @@ class Seniority:
             except (TypeError, ValueError, IndexError):
                 continue
             self._rounds[str(author)] = (earned, last)
+            self._most = max(self._most, earned)
 
     def snapshot(self) -> dict[str, int]:
         return {author: earned for author, (earned, _) in self._rounds.items()}

@@ -79,12 +79,15 @@ def draw(
     own: Sequence[int] | None = None,
     per_rollout: int | None = None,
     everyone_young: bool = False,
+    max_weight: float = 1.0,
 ) -> Drawn:
     """The draw. ``offered`` (peers' admitted completions), ``own`` (positions of the node's own rollouts in
     ``admitted``) and ``per_rollout`` (the most completions a rollout may hold: the plan's share) are counted by
     the admit stage, with the other per-message work; without them they are counted here. ``everyone_young``:
     the caller knows no senior author (so every author here is young), which lets the sampling path run
-    uncapped (the node's ``top_up`` case)."""
+    uncapped (the node's ``top_up`` case). ``max_weight``: at least every author's weight
+    (:meth:`Seniority.max_weight`); the sampling path keeps a sample with probability ``w / max_weight``, the same
+    distribution with fewer rejections where every weight is small (the start of a run: everyone fresh, 1/6)."""
     if offered is None:
         offered = sum(len(a.rollout.completions) for a in admitted if a.rollout.author != me)
     if own is None:
@@ -98,7 +101,8 @@ def draw(
         # A node that knows no senior sees only young authors: the keyed pass would take the cap's worth first
         # and top up from the same order, i.e. the top J keys; sampling uncapped is the same draw.
         uncapped = everyone_young and top_up
-        state.sample(me, rng, per_rollout or max(len(a.rollout.completions) for a in admitted), not uncapped)
+        per = per_rollout or max(len(a.rollout.completions) for a in admitted)
+        state.sample(me, rng, per, not uncapped, min(1.0, max(max_weight, 1e-9)))
     if state.total < rules.external:
         state.scan(me, rng, top_up)
     kept_at = sorted({*own, *state.taken})  # in the admitted order (by prompt, author, part), as later stages expect
@@ -163,8 +167,9 @@ class _DrawState:
         self.total += 1
         return True
 
-    def sample(self, me: str, rng: random.Random, per_rollout: int, capped: bool = True) -> None:
-        """Rejection sampling: O(J) expected steps when most of what is offered is eligible."""
+    def sample(self, me: str, rng: random.Random, per_rollout: int, capped: bool = True, bound: float = 1.0) -> None:
+        """Rejection sampling: O(J) expected steps when most of what is offered is eligible. ``bound``: no
+        weight exceeds it, so keeping with probability ``w / bound`` samples in proportion to ``w`` still."""
         n = len(self.admitted)
         for _ in range(16 * self.external + 64):
             if self.total >= self.external:
@@ -172,7 +177,9 @@ class _DrawState:
             j = rng.randrange(n)
             rollout = self.admitted[j].rollout
             i = rng.randrange(per_rollout)
-            if rollout.author == me or i >= len(rollout.completions) or rng.random() >= self.weight(rollout.author):
+            if rollout.author == me or i >= len(rollout.completions):
+                continue
+            if rng.random() * bound >= self.weight(rollout.author):
                 continue
             self.take(j, i, capped)
 
@@ -197,6 +204,8 @@ class _DrawState:
 
 def _subset(a: Admitted, positions: list[int]) -> Admitted:
     r = a.rollout
+    if len(positions) == len(r.completions):  # all of it (positions are distinct): no copy
+        return a
     rollout = r.model_copy(
         update={
             "completions": tuple(r.completions[p] for p in positions),

@@ -126,6 +126,7 @@ class Node:
             admission.admitted, self.peer_id, self.draw_rules, self.seniority.weight, self.seniority.young,
             private_rng(self.secret, round_idx), top_up=not seniors, offered=admission.offered, own=admission.own,
             per_rollout=self.rollout.completions_per_prompt, everyone_young=not seniors,
+            max_weight=self.seniority.max_weight(),
         )  # fmt: skip
         c1 = time.thread_time()
         kept, defense = defend(
