@@ -150,3 +150,13 @@ def test_a_joiner_takes_the_round_live_peers_sent_updates_for_by_their_lower_med
     assert daemon.heard_round() == 8  # "gone" is not a live peer; c cannot move it past the others
     daemon.exchange.latest = {}
     assert daemon.heard_round() == 0
+
+
+def test_a_peer_that_ran_all_its_rounds_is_not_expected_to_send_more(daemon: FederatedDaemon) -> None:
+    table = [PeerInfo("running", 10, 9, "running", 0.0), PeerInfo("done", 8, 7, "done", 0.0)]
+    daemon.transport = TableTransport(table)  # type: ignore[assignment]
+    daemon.exchange.submissions.clear()
+    assert daemon.expected_peers(10) == {"running"}
+    # the same peer announcing "running" at round 8 (what a finished node said before "done") is expected
+    daemon.transport = TableTransport([*table[:1], PeerInfo("done", 8, 7, "running", 0.0)])  # type: ignore[assignment]
+    assert daemon.expected_peers(10) == {"running", "done"}

@@ -254,7 +254,8 @@ class FederatedDaemon(Daemon):
 
         def will_send(peer: str) -> bool:
             joining = table[peer].round == 0 and round_idx > 1
-            return table[peer].round <= round_idx and not joining
+            done = table[peer].status == "done"  # it ran all its rounds: it sends no more updates
+            return table[peer].round <= round_idx and not joining and not done
 
         return {p for p in self.transport.peers() if will_send(p) or p in sent}
 
