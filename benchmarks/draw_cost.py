@@ -14,6 +14,8 @@ run, per N:
   structural checks of every offered rollout) per offered completion, which is per message like the receive
   path, not bounded by J.
 - ``update_ms``: the update on the completions drawn (fixed work: the control).
+- ``draw_alone_us``: the draw stage alone, 300 times on the last round's admitted rollouts (median): the algorithm
+  without what the round around it leaves in memory.
 
 Writes ``draw_cost.json`` and ``draw_cost.csv`` in ``--out``.
 """
@@ -33,6 +35,7 @@ from dgrpo.config import RunConfig
 from dgrpo.overrides import apply_overrides
 from dgrpo.protocol.messages import Rollout
 from dgrpo.round.build import build_node
+from dgrpo.round.draw import draw, private_rng
 from dgrpo.round.node import Node
 from dgrpo.tasks.registry import get_task
 
@@ -69,10 +72,24 @@ def measure(n: int, rounds: int, external: int, prompts: int) -> dict[str, Any]:
                 "offered": completions,
             }
         )
+    # The draw alone, on the last round's admitted rollouts, with the receiver's rules and seniority as they are.
+    admission = receiver.admitter.admit([*own, *offered], rounds, receiver.blacklisted, 0)
+    seniors = receiver.seniority.has_seniors()
+    alone = []
+    for rep in range(300):
+        c0 = time.thread_time()
+        draw(
+            admission.admitted, receiver.peer_id, receiver.draw_rules, receiver.seniority.weight,
+            receiver.seniority.young, private_rng(receiver.secret, rep), top_up=not seniors, offered=admission.offered,
+            own=admission.own, per_rollout=run.rollout.completions_per_prompt, everyone_young=not seniors,
+            max_weight=receiver.seniority.max_weight(),
+        )  # fmt: skip
+        alone.append(1e6 * (time.thread_time() - c0))
     kept = rows[1:] if len(rows) > 1 else rows  # the first round warms caches and lazy imports
     out: dict[str, Any] = {"n": n, "rounds": rounds, "external_per_round": external}
     for key in ("rest_ms", "draw_ms", "defend_score_ms", "admit_us_per_completion", "update_ms"):
         out[key] = round(statistics.median(r[key] for r in kept), 3)
+    out["draw_alone_us"] = round(statistics.median(alone), 1)
     out["offered"] = kept[-1]["offered"]
     out["drawn"] = kept[-1]["drawn"]
     return out
