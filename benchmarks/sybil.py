@@ -77,6 +77,9 @@ def run(out: Path, sybils: int, warmup: int, rounds: int, extra: list[str]) -> d
             sybil_nodes.append(NetNode(i, h.state_dir, proc, node_identity(h.state_dir).peer_id))
         for nd in sybil_nodes:
             wait_for_node_file(nd, timeout=600)
+        # Measured from when the Sybils publish: 50 light peers take longer to load than the honest nodes take for
+        # the measured rounds (a first run with 50 measured 6 honest rounds before any Sybil had run one).
+        wait_until(lambda: all(rounds_log(nd) for nd in sybil_nodes), 900, "a round on every Sybil")
         joined = [len(rounds_log(nd)) for nd in honest]
         wait_until(
             lambda: all(len(rounds_log(nd)) >= j + rounds for nd, j in zip(honest, joined, strict=True)),
