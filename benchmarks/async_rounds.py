@@ -16,7 +16,9 @@ machine). Per testnet, for the two fast nodes (0 and 1), each running ``--steps`
   of peers' completions in async mode (rounds old, ``rounds.jsonl`` ``staleness``).
 
 Targets: async with a straggler within 2 points of sync's accuracy at equal steps, and the fast nodes' steps per
-minute not dropping (drop >= 0.9); sync shows the drop. Writes ``async.json``, ``async.csv`` and ``async.png``.
+minute not dropping (drop >= 0.9); sync shows the drop. ``--repeats R`` runs the straggler pair R times in all,
+each with another run id (other prompts), and prints the accuracy difference's mean and standard error.
+Writes ``async.json``, ``async.csv`` and ``async.png``.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run_one(out: Path, mode: str, slow: float | None, steps: int, timeout: float) -> list[NetNode]:
+def run_one(out: Path, mode: str, slow: float | None, steps: int, timeout: float, seed: int = 0) -> list[NetNode]:
     extra = [f"rollout.mode='{mode}'", f"checkpoint.every={steps}", "checkpoint.keep=2", "rounds.deadline_seconds=60"]
-    nodes = start_testnet(3, out, rounds=steps, run_id=f"async-{mode}", extra=extra, slow={2: slow} if slow else None)
+    run_id = f"async-{mode}" + (f"-{seed}" if seed else "")  # the run id seeds the prompts every node draws
+    nodes = start_testnet(3, out, rounds=steps, run_id=run_id, extra=extra, slow={2: slow} if slow else None)
     try:
         wait_until(
             lambda: all(len(rounds_log(nd)) >= steps for nd in nodes[:2]), timeout, f"{steps} steps on nodes 0, 1"
@@ -100,6 +103,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--out", type=Path, default=Path("docs/figures/async"))
     parser.add_argument("--work", type=Path, default=Path("runs/bench-async"))
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="run the straggler pair (sync and async, node 2 slowed) this many times in all, each with another run "
+        "id (other prompts): the accuracy difference as a mean and standard error over the repeats",
+    )  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -115,12 +123,26 @@ def main() -> None:
             rows.append(row)
             progress(f"{name}: {json.dumps(row)}")
     by = {r["run"]: r for r in rows}
+    # One run each cannot settle 2 points (the same configuration varied by 4 between runs): repeat the pair.
+    pairs = [(by["sync-slow"]["accuracy"], by["async-slow"]["accuracy"])]
+    for seed in range(1, args.repeats):
+        accs = []
+        for mode in ("sync", "async"):
+            progress(f"repeat {seed}: {mode}, node 2 slowed {args.slow}x")
+            nodes = run_one(args.work / f"{mode}-slow-{seed}", mode, args.slow, args.steps, args.timeout, seed)
+            accs.append(final_accuracy(nodes, args.steps, args.eval_prompts)[0])
+        pairs.append((accs[0], accs[1]))
+        progress(f"repeat {seed}: sync {accs[0]:.3f}, async {accs[1]:.3f}")
+    gaps = [100 * (a - s) for s, a in pairs]
     summary = {
         "steps": args.steps,
         "slow": args.slow,
         "sync_drop": round(by["sync-slow"]["steps_per_minute"] / by["sync-even"]["steps_per_minute"], 3),
         "async_drop": round(by["async-slow"]["steps_per_minute"] / by["async-even"]["steps_per_minute"], 3),
         "async_vs_sync_accuracy_points": round(100 * (by["async-slow"]["accuracy"] - by["sync-slow"]["accuracy"]), 1),
+        "repeats": [{"sync": round(s, 4), "async": round(a, 4)} for s, a in pairs],
+        "async_vs_sync_points_mean": round(statistics.fmean(gaps), 2),
+        "async_vs_sync_points_se": round(statistics.stdev(gaps) / len(gaps) ** 0.5, 2) if len(gaps) > 1 else None,
         "rows": rows,
     }
     (args.out / "async.json").write_text(json.dumps(summary, indent=2))
@@ -140,6 +162,11 @@ def main() -> None:
         f"async {summary['async_drop']}; async - sync accuracy at {args.steps} steps: "
         f"{summary['async_vs_sync_accuracy_points']} points (untrained {rows[0]['accuracy_untrained']:.3f})"
     )
+    if len(pairs) > 1:
+        print(
+            f"over {len(pairs)} repeats with the straggler (other run ids): async - sync "
+            f"{summary['async_vs_sync_points_mean']} +/- {summary['async_vs_sync_points_se']} points (mean, s.e.)"
+        )
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

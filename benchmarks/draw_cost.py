@@ -82,7 +82,7 @@ def measure(n: int, rounds: int, external: int, prompts: int) -> dict[str, Any]:
             admission.admitted, receiver.peer_id, receiver.draw_rules, receiver.seniority.weight,
             receiver.seniority.young, private_rng(receiver.secret, rep), top_up=not seniors, offered=admission.offered,
             own=admission.own, per_rollout=run.rollout.completions_per_prompt, everyone_young=not seniors,
-            max_weight=receiver.seniority.max_weight(),
+            max_weight=receiver.seniority.max_weight(), by_weight=admission.by_weight,
         )  # fmt: skip
         alone.append(1e6 * (time.thread_time() - c0))
     kept = rows[1:] if len(rows) > 1 else rows  # the first round warms caches and lazy imports

@@ -167,3 +167,39 @@ def test_a_done_heartbeat_is_on_the_wire() -> None:
     assert HeartbeatBody(round=21, rounds_done=20, status="done", listen_addrs=()).status == "done"
     with pytest.raises(ValueError):
         HeartbeatBody(round=21, rounds_done=20, status="finished", listen_addrs=())  # type: ignore[arg-type]
+
+
+def test_a_sybil_majority_does_not_decide_the_networks_round(daemon: Daemon) -> None:
+    """50 fresh identities far behind (or far ahead) beside two senior honest peers: the network's round is the
+    seniors'. Before, the lower median over 52 peers was a Sybil's round, so an honest node that fell behind its
+    honest peers never rejoined them (docs/scale.md: node 0 ran 263 rounds alone)."""
+    from dgrpo.defense.seniority import Seniority
+
+    saved = daemon.node.seniority
+    daemon.node.seniority = Seniority(young_rounds=5)
+    try:
+        for r in range(5):
+            daemon.node.seniority.credit(r, {"honest-a", "honest-b"})
+        behind = [peer(f"sybil-{i}", 22) for i in range(50)]
+        attach(daemon, [*behind, peer("honest-a", 218), peer("honest-b", 219)])
+        daemon.round, daemon.catch_ups = 200, 0
+        assert daemon.network_round() == 218
+        daemon._catch_up()
+        assert (daemon.round, daemon.catch_ups) == (219, 1)
+        # A Sybil majority announcing a far-off round moves nobody there, in either mode.
+        attach(daemon, [peer(f"sybil-{i}", 1_000_000) for i in range(50)] + [peer("honest-a", 219)])
+        assert daemon.network_round() == 219
+        daemon.asynchronous = True
+        try:
+            assert daemon.network_round() == 219
+            daemon._catch_up()
+            assert daemon.round == 219
+            assert daemon.rollout_horizon() == 219 + daemon.settings.limits.rounds_ahead + 2
+        finally:
+            daemon.asynchronous = False
+        # A node that knows no senior peer (a young network, or a joiner) counts everyone, as before.
+        daemon.node.seniority = Seniority(young_rounds=5)
+        attach(daemon, [*behind, peer("honest-a", 218), peer("honest-b", 219)])
+        assert daemon.network_round() == 22
+    finally:
+        daemon.node.seniority = saved

@@ -265,3 +265,103 @@ def test_seniority_bounds_every_weight() -> None:
     for r in range(5, 12):
         s.credit(r, ["b"])
     assert s.max_weight() == 1.0
+
+
+def test_has_seniors_is_counted_exactly_through_credits_forgetting_and_restore() -> None:
+    """``has_seniors`` runs every round, so it is a counter rather than a scan over up to 10,000 authors; it
+    must agree with the scan whatever the credits, the forgetting of the least recently credited, and a
+    restore from a checkpoint."""
+    rng = random.Random(7)
+    for k in (0, 1, 3):
+        seniority = Seniority(young_rounds=k, max_authors=6)
+        for round_idx in range(60):
+            seniority.credit(round_idx, rng.sample([f"a{i}" for i in range(12)], rng.randrange(0, 4)))
+            if rng.random() < 0.2:  # credited twice in one round: counts once
+                seniority.credit(round_idx, ["a0"])
+            scan = any(earned >= k for earned in seniority.snapshot().values())
+            assert seniority.has_seniors() == scan
+            restored = Seniority(young_rounds=k, max_authors=6)
+            restored.load(seniority.to_dict())
+            assert restored.has_seniors() == scan
+
+
+def test_a_drawn_subset_of_a_rollout_equals_a_validated_copy() -> None:
+    r = Rollout(
+        author="a", round=3, part=1, parts=8, prompt_id="p", prompt="x", completions=("u", "v", "w"),
+        indices=(4, 5, 6), model_id="m", weights="", sampling=DEFAULT_SAMPLING, split="horizontal",
+    )  # fmt: skip
+    sub = r.subset([2, 0])
+    assert (sub.completions, sub.indices) == (("w", "u"), (6, 4))
+    assert sub == Rollout.model_validate({**r.model_dump(), "completions": ("w", "u"), "indices": (6, 4)})
+    assert (r.completions, r.indices) == (("u", "v", "w"), (4, 5, 6))  # the original is untouched
+    with pytest.raises(ValueError):
+        sub.round = 4  # type: ignore[misc]  # still frozen
+    assert sub.model_dump()["completions"] == ("w", "u")
+
+
+def by_weight(rounds: list[Admitted], weight: object) -> dict[float, tuple[int, ...]]:
+    """What the admit stage indexes for the draw: peers' rollouts (positions) by their author's weight."""
+    index: dict[float, list[int]] = {}
+    for k, a in enumerate(rounds):
+        if a.rollout.author != ME:
+            index.setdefault(weight(a.rollout.author), []).append(k)  # type: ignore[operator]
+    return {w: tuple(ks) for w, ks in index.items()}
+
+
+def test_sampling_by_weight_class_draws_as_the_keys_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The admit stage's index by weight lets the sampling path pick a class in proportion to its total weight
+    and a rollout in it uniformly: the same draw as keying every completion (by hand the first draw is heavy with
+    probability 6/7, later ones a little less), with no rejection by weight."""
+    import dgrpo.round.draw as module
+
+    rounds = crowd(20, 20)
+    weights = {f"s{k}": 1.0 for k in range(20)} | {f"y{k}": 1 / 6 for k in range(20)}
+    index = by_weight(rounds, weights.__getitem__)
+    rules = DrawRules(external=8, per_author=2, young_share=1.0)
+
+    class Counting(random.Random):
+        calls = 0
+
+        def random(self) -> float:
+            Counting.calls += 1
+            return super().random()
+
+    def heavy_share(**extra: object) -> float:
+        runs = [
+            draw(rounds, ME, rules, weights.__getitem__, lambda _: False, Counting(s), per_rollout=2, **extra)  # type: ignore[arg-type]
+            for s in range(400)
+        ]
+        assert all(r.drawn == 8 for r in runs)
+        return statistics.fmean(sum(v for a, v in r.by_author.items() if a[0] == "s") / 8 for r in runs)
+
+    Counting.calls = 0
+    classes = heavy_share(by_weight=index)
+    assert Counting.calls / 400 < 3 * 8 * 1.3  # three numbers a try, few tries lost (per-author cap, duplicates)
+    monkeypatch.setattr(module, "SCAN_FACTOR", 10**6)
+    keyed = heavy_share()
+    assert 0.80 < classes < 0.90 and abs(classes - keyed) < 0.03
+
+
+def test_a_young_crowd_costs_no_tries_once_the_cap_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 200 young authors beside one senior: once 2 young are drawn (the cap), the young classes leave the pool and
+    # the senior's 2 complete the draw; no keyed pass over the 400 offered completions follows.
+    import dgrpo.round.draw as module
+
+    scan = module._DrawState.scan
+    keyed: list[int] = []
+
+    def counted(self: module._DrawState, me: str, rng: random.Random, top_up: bool, positions: object = None) -> None:
+        keyed.append(len(self.admitted) if positions is None else len(positions))  # type: ignore[arg-type]
+        scan(self, me, rng, top_up, positions)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module._DrawState, "scan", counted)
+    rounds = crowd(1, 200)
+    weight = lambda a: 1.0 if a == "s0" else 1 / 6  # noqa: E731
+    index = by_weight(rounds, weight)
+    for s in range(50):
+        out = draw(
+            rounds, ME, DrawRules(external=8, per_author=4, young_share=0.25), weight, lambda a: a.startswith("y"),
+            random.Random(s), top_up=False, per_rollout=2, by_weight=index,
+        )  # fmt: skip
+        assert out.young_drawn == 2 and out.by_author.get("s0") == 2 and out.drawn == 4 and not out.full
+    assert keyed and max(keyed) == 1  # the senior's one rollout keyed, never the 201 offered

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import signal
-import time
 from collections import Counter, deque
 from typing import Any
 
@@ -29,7 +28,7 @@ from dgrpo.daemon.fresh import FreshStart
 from dgrpo.daemon.identity import check_resume, load_identity
 from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
 from dgrpo.daemon.manifest_exchange import ManifestService
-from dgrpo.daemon.membership import joining_round, lower_median, upper_median
+from dgrpo.daemon.membership import Membership, joining_round
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog
 from dgrpo.daemon.run_manifest import base_weights, hold_manifest, refused_at_join
@@ -53,10 +52,9 @@ from dgrpo.round.run import run_round, run_step
 from dgrpo.tasks import get_task
 
 log = logging.getLogger("dgrpo.daemon")
-HORIZON_SLACK = 2  # rounds beyond the network's a rollout may be for before it counts against its author
 
 
-class Daemon:
+class Daemon(Membership):
     def __init__(self, settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
         self.settings = settings
         self.resume = resume
@@ -333,10 +331,6 @@ class Daemon:
                 await self._announce.wait()
             self._announce = trio.Event()
 
-    def _error(self, message: str) -> None:
-        log.warning(message)
-        self.errors.append(f"{time.strftime('%H:%M:%S')} {message}")
-
     async def _join(self) -> None:
         """Wait for ``min_peers`` (bounded), then start at the network's current round (a late joiner)."""
         assert self.transport is not None
@@ -348,8 +342,8 @@ class Daemon:
             self._error(f"only {len(self.transport.peers())} of {s.min_peers} peers after {s.start_timeout_seconds}s")
         # Give peers one heartbeat period to announce their round, then join the most advanced one.
         await trio.sleep(min(s.heartbeat_seconds, 2.0) if s.min_peers else 0)
-        running = [p for p in self.transport.peer_table() if p.status == "running"]
-        under_way = [p.round for p in running if p.rounds_done > 0]
+        # Peers under way (seniors only, where a resumed node knows some: a Sybil majority cannot place it).
+        under_way = [self.progress(p) for p in self.under_way()]
         network_round = joining_round(under_way)
         # A network that has completed rounds is under way; one whose peers are all still in their first
         # round is starting together with us (they waited for us as min_peers, so we get their round 1).
@@ -359,132 +353,6 @@ class Daemon:
             log.info("joining at round %d (the network is in round %d)", network_round + 1, network_round)
             self.round = network_round + 1
             self._announce.set()
-
-    def progress(self, peer: str) -> int:
-        """How far along ``peer`` is: the newer of the round its last heartbeat announced and the newest round
-        it sent us rollouts for (a rollout can overtake the heartbeat that announces its round)."""
-        assert self.transport is not None
-        table = {p.peer_id: p for p in self.transport.peer_table()}
-        heard = table[peer].round if peer in table else 0
-        return max(heard, self.inbox.latest.get(peer, 0))
-
-    def live_peers(self) -> set[str]:
-        """Active peers (heard within ``peer_timeout``, not ``stopping``, not blacklisted) that have not
-        disconnected since the round began."""
-        assert self.transport is not None and self.gossip is not None
-        gone = self._connected_at_start - self.gossip.connected_peers()
-        return self.transport.peers() - gone
-
-    def expected_peers(self, round_idx: int) -> set[str]:
-        """Live peers whose rollouts for ``round_idx`` we wait for: those in step with it (at it, or up to two
-        rounds behind and about to publish it), and those that already sent some of it unless two rounds past
-        it. A peer that joined after this round began never publishes it; a straggler three or more rounds
-        behind rejoins at the network's round (:meth:`_catch_up`) and never publishes this one either: neither
-        is waited for."""
-        sent = self.inbox.authors(round_idx)
-        done = {p.peer_id for p in self.transport.peer_table() if p.status == "done"} if self.transport else set()
-
-        def expected(p: str) -> bool:
-            if p in done:  # it ran all its rounds: it publishes no more rollouts
-                return False
-            progress = self.progress(p)
-            # Behind by up to two rounds (still training, or its round-start heartbeat not here yet) it will
-            # publish this round; further behind it is a straggler that rejoins later (_catch_up). One round
-            # ahead, its last parts of this round may still be in flight; two rounds ahead they have arrived or
-            # are lost (a peer publishes all its parts when its round starts).
-            return round_idx - 2 <= progress <= round_idx or (p in sent and progress <= round_idx + 1)
-
-        return {p for p in self.live_peers() if expected(p)}
-
-    def network_round(self) -> int:
-        """The round the network is in: the lower median of the live, running peers' progress (0: none ran one);
-        in async mode the upper median (nodes that do not wait spread out: see :meth:`_catch_up`)."""
-        assert self.transport is not None
-        table = {p.peer_id: p for p in self.transport.peer_table()}
-        live = self.live_peers()
-        median = upper_median if self.asynchronous else lower_median
-        return median(
-            self.progress(p) for p in live if p in table and table[p].status == "running" and table[p].rounds_done
-        )
-
-    def rollout_horizon(self) -> int | None:
-        """The latest round a peer may publish rollouts for: the network's round (or ours, if later) plus the
-        rounds a receiver keeps ahead, plus ``HORIZON_SLACK`` for heartbeats that lag the rollouts they announce.
-        None while this node hears no running peer under way (just started, or woke from a suspension with a
-        stale table): it cannot tell yet, and must not count honest rollouts of a network ahead of it against
-        their authors."""
-        assert self.transport is not None
-        table = {p.peer_id: p for p in self.transport.peer_table()}
-        if not any(p in table and table[p].status == "running" and table[p].rounds_done for p in self.live_peers()):
-            return None
-        return max(self.round, self.network_round()) + self.settings.limits.rounds_ahead + HORIZON_SLACK
-
-    def _catch_up(self) -> None:
-        """A node that fell behind (frozen, suspended, partitioned) rejoins at the round after the network's
-        current one (whose rollouts went out while it was away), as a late joiner does.
-
-        In async mode nodes do not wait for each other, so their rounds drift apart with their speeds, and a
-        rollout's staleness (the receiver's round minus its own) would grow without bound between two nodes of
-        slightly different speeds. Each step a node therefore moves up to the most advanced live peer's round,
-        but never more than ``rounds_ahead`` past the network's (the upper median) or its own: a minority
-        claiming far rounds cannot push the others ahead (which would make every honest rollout stale). A node
-        that restarts far behind moves up in one step, and its horizon (:meth:`rollout_horizon`, from the same
-        median) is at the network's front at once: the leader's rollouts are never taken for a spread flood."""
-        network = self.network_round()
-        if self.asynchronous:
-            lead = max((self.progress(p) for p in self.live_peers()), default=0)
-            target = min(lead, max(network, self.round) + self.settings.limits.rounds_ahead)
-            if target > self.round:
-                if target - self.round > self.settings.rollout.max_staleness:
-                    self._error(f"fell behind at round {self.round}; moved to round {target}")
-                    self.catch_ups += 1
-                log.debug("async: round %d -> %d (lead %d, network %d)", self.round, target, lead, network)
-                self.round = target
-                self._announce.set()
-            return
-        if network > self.round:
-            log.warning(
-                "behind the network (round %d, network in %d): rejoining at round %d", self.round, network, network + 1
-            )
-            self._error(f"fell behind at round {self.round}; rejoined at round {network + 1}")
-            self.round = network + 1
-            self.catch_ups += 1
-            self._announce.set()
-
-    async def _keep_pace(self) -> None:
-        """Async mode: a node more than ``rounds_ahead`` rounds past the network's round (the upper median of its
-        live peers' progress) waits until the network comes within reach, at most ``deadline_seconds``. AReaL
-        (arXiv 2505.24298, sec. 5) bounds staleness the same way, holding generation back when it is more than
-        a maximum version gap ahead of training. Without it a node that the machine happens to favour runs
-        ahead without bound: what most peers publish reaches it older than S and is dropped, and its own
-        rollouts pass others' horizons (``future_round``); seen with 30 light peers on 2 cores, where the
-        leaders ran 7 rounds ahead and drew nothing for their last 9 steps. It waits for half of its peers,
-        never for a straggler: with two peers the upper median is the more advanced one."""
-        if not self.asynchronous or not self.settings.rounds.keep_pace:
-            return
-        ahead = self.settings.limits.rounds_ahead
-        network = 0
-        t0 = time.perf_counter()
-        with trio.move_on_after(self.settings.rounds.deadline_seconds):
-            while True:
-                network = self.network_round()
-                if network == 0 or self.round <= network + ahead:
-                    break
-                await trio.sleep(0.1)
-        waited = time.perf_counter() - t0
-        if waited > 0.05:
-            self.paced_steps += 1
-            self.paced_seconds += waited
-            log.debug("async: waited %.1f s at round %d for the network (round %d)", waited, self.round, network)
-
-    async def _await_peers(self) -> None:
-        """Before a round of a node that needs peers (``min_peers``) but hears none, wait at most two heartbeat
-        periods: a node that was suspended hears nobody until their next heartbeats, and would otherwise run
-        rounds alone instead of catching up. One silent peer among live ones costs nothing here."""
-        s = self.settings.rounds
-        with trio.move_on_after(2 * s.heartbeat_seconds):
-            while s.min_peers and not self.live_peers():
-                await trio.sleep(0.05)
 
     async def _rounds(self) -> None:
         assert self.transport is not None and self.gossip is not None

@@ -30,15 +30,21 @@ class Seniority:
         self.max_authors = max_authors
         self._rounds: OrderedDict[str, tuple[int, int]] = OrderedDict()  # author -> (rounds earned, last round)
         self._most = 0  # the most rounds any author earned (never lowered by forgetting: an upper bound)
+        self._seniors = 0  # authors with at least young_rounds rounds (has_seniors in O(1), every round)
 
     def credit(self, round_idx: int, authors: Iterable[str]) -> None:
         """``authors`` did verified work in ``round_idx`` (each counts once per round)."""
+        k = self.young_rounds
         for author in set(authors):
+            was = self._rounds[author][0] >= k if author in self._rounds else False
             earned, last = self._rounds.pop(author, (0, -1))
-            self._rounds[author] = (earned + 1, round_idx) if round_idx != last else (earned, last)
-            self._most = max(self._most, self._rounds[author][0])
+            now = (earned + 1, round_idx) if round_idx != last else (earned, last)
+            self._rounds[author] = now
+            self._most = max(self._most, now[0])
+            self._seniors += (now[0] >= k) - was
             while len(self._rounds) > self.max_authors:
-                self._rounds.popitem(last=False)
+                _, (gone, _) = self._rounds.popitem(last=False)
+                self._seniors -= gone >= k
 
     def rounds(self, author: str) -> int:
         return self._rounds.get(author, (0, -1))[0]
@@ -48,7 +54,7 @@ class Seniority:
 
     def has_seniors(self) -> bool:
         """Whether any author this node knows is no longer young (the draw then never tops up with young ones)."""
-        return any(earned >= self.young_rounds for earned, _ in self._rounds.values())
+        return self._seniors > 0
 
     def max_weight(self) -> float:
         """At least every author's :meth:`weight`, in O(1): the draw's sampling path scales its acceptance by it."""
@@ -71,6 +77,7 @@ class Seniority:
                 continue
             self._rounds[str(author)] = (earned, last)
             self._most = max(self._most, earned)
+        self._seniors = sum(earned >= self.young_rounds for earned, _ in self._rounds.values())
 
     def snapshot(self) -> dict[str, int]:
         return {author: earned for author, (earned, _) in self._rounds.items()}

@@ -7,6 +7,7 @@ is specified in ``docs/protocol.md``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -66,3 +67,18 @@ class Rollout(StrictModel):
         if len(self.indices) != len(self.completions):
             raise ValueError(f"{len(self.indices)} indices for {len(self.completions)} completions")
         return self
+
+    def subset(self, positions: Sequence[int]) -> Rollout:
+        """The same rollout with only the completions at ``positions`` (distinct, in range), each keeping its
+        index. A subset of a validated rollout satisfies every field's constraint, so it is built without
+        validating again: the draw stage (:mod:`dgrpo.round.draw`) takes a few completions of each of J
+        rollouts every round, and ``model_copy`` cost twice as much (2 us against 1 us here)."""
+        fields = self.__dict__.copy()
+        fields["completions"] = tuple([self.completions[p] for p in positions])
+        fields["indices"] = tuple([self.indices[p] for p in positions])
+        new = Rollout.__new__(Rollout)
+        object.__setattr__(new, "__dict__", fields)
+        object.__setattr__(new, "__pydantic_fields_set__", self.__pydantic_fields_set__)  # frozen: shared safely
+        object.__setattr__(new, "__pydantic_extra__", None)
+        object.__setattr__(new, "__pydantic_private__", None)
+        return new

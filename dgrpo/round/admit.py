@@ -116,6 +116,10 @@ class Admitter:
         self._by_author = PeerReasons(limits.max_tracked_peers)
         self._lock = threading.Lock()
         self.on_evidence: Callable[[str, str], None] | None = None
+        # The draw stage's seniority weight of an author (set by a node with a bounded draw): the admitted
+        # rollouts are indexed by it here, with the other per-message work, so that the draw samples in
+        # proportion to weight without a pass over everything offered (:mod:`dgrpo.round.draw`).
+        self.draw_weight: Callable[[str], float] | None = None
 
     # ------------------------------------------------------------------ on arrival
     def on_arrival(
@@ -185,6 +189,12 @@ class Admitter:
             for (author, reason), n in by_author_reason.items():
                 self._by_author.add(author, reason, n)
         own = tuple(k for k, a in enumerate(admitted) if a.rollout.author == self.self_id)
+        by_weight: dict[float, list[int]] | None = None
+        if self.draw_weight is not None:
+            by_weight, weigh = {}, self.draw_weight
+            for k, a in enumerate(admitted):
+                if a.rollout.author != self.self_id:
+                    by_weight.setdefault(weigh(a.rollout.author), []).append(k)
         return Admission(
             messages=len(rollouts),
             completions_received=sum(len(r.completions) for r in rollouts),
@@ -196,6 +206,7 @@ class Admitter:
             rejected_by_author=dict(by_author),
             dropped=tuple(dropped),
             evidence_by_author=dict(evidence),
+            by_weight={w: tuple(ks) for w, ks in by_weight.items()} if by_weight is not None else None,
         )
 
     def _bind(self, passed: Sequence[Admitted], reject: Callable[[Rollout, str], None]) -> list[Admitted]:

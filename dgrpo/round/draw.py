@@ -22,25 +22,30 @@ draws in any round, at most ``per_author`` each.
 A drawn completion keeps its rollout's index, so the plan binding and the sampling proof judge it as before.
 
 **Cost.** Keying every offered completion costs O(offered): the draw would grow with the network like the receive
-path. Where many more are offered than drawn (``offered > SCAN_FACTOR * external``) the draw samples instead: a
-uniform position among the admitted rollouts and a uniform completion of it, kept with probability ``w`` (the
-weights are at most 1) unless it is the node's own, taken already or capped. Each kept sample is then drawn with
-probability proportional to ``w`` among the eligible completions not yet taken: the same successive sampling
-without replacement as the keys give, in O(J) expected steps while most offered completions are eligible. Where
-that does not finish within ``16 * external + 64`` tries (most of what is offered is capped: a Sybil crowd) the
-remaining draws fall back to the keyed pass, so the rules and the bound never depend on which path ran. A node
-that knows no senior samples uncapped: every author is young then, and the keyed pass's two passes amount to the
-top J keys. Under a crowd of young identities beside a few seniors the cap rejects most samples and the fallback
-runs: the draw then costs O(offered) again, as before.
+path. Where many more are offered than drawn (``offered > SCAN_FACTOR * external``) the draw samples instead. The
+admit stage, which touches every message anyway, indexes peers' admitted rollouts by their author's weight
+(:attr:`dgrpo.round.outcome.Admission.by_weight`: at most K + 1 classes); the draw picks a class with probability
+proportional to its weight times its completion slots, a rollout in it and a completion slot uniformly (an empty
+slot is drawn again), and keeps it unless taken already or capped: each kept sample is drawn with probability
+proportional to ``w`` among the eligible completions not yet taken, the same successive sampling without
+replacement as the keys give, in O(J) expected steps. Once young authors gave the cap's worth their classes leave
+the pool, and where the seniors' rollouts left are few they are keyed alone (O(J)): a crowd of young identities
+beside a few seniors costs no more than an honest network. Without the index (a caller that has none) it samples
+a uniform position and keeps it with probability ``w / max_weight``. Where sampling does not finish within
+``16 * external + 64`` tries the remaining draws fall back to the keyed pass over everything offered, so the rules
+and the bound never depend on which path ran. A node that knows no senior samples uncapped: every author is young
+then, and the keyed pass's two passes amount to the top J keys.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import math
 import random
-from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dgrpo.round.outcome import Admitted, Drawn
@@ -80,6 +85,7 @@ def draw(
     per_rollout: int | None = None,
     everyone_young: bool = False,
     max_weight: float = 1.0,
+    by_weight: Mapping[float, Sequence[int]] | None = None,
 ) -> Drawn:
     """The draw. ``offered`` (peers' admitted completions), ``own`` (positions of the node's own rollouts in
     ``admitted``) and ``per_rollout`` (the most completions a rollout may hold: the plan's share) are counted by
@@ -87,7 +93,10 @@ def draw(
     the caller knows no senior author (so every author here is young), which lets the sampling path run
     uncapped (the node's ``top_up`` case). ``max_weight``: at least every author's weight
     (:meth:`Seniority.max_weight`); the sampling path keeps a sample with probability ``w / max_weight``, the same
-    distribution with fewer rejections where every weight is small (the start of a run: everyone fresh, 1/6)."""
+    distribution with fewer rejections where every weight is small (the start of a run: everyone fresh, 1/6).
+    ``by_weight``: peers' admitted rollouts (positions) by their author's weight, indexed by the admit stage
+    (:attr:`dgrpo.round.outcome.Admission.by_weight`): the sampling path then picks a weight class in
+    proportion to its total weight and a rollout in it uniformly, with no rejection by weight at all."""
     if offered is None:
         offered = sum(len(a.rollout.completions) for a in admitted if a.rollout.author != me)
     if own is None:
@@ -102,8 +111,11 @@ def draw(
         # and top up from the same order, i.e. the top J keys; sampling uncapped is the same draw.
         uncapped = everyone_young and top_up
         per = per_rollout or max(len(a.rollout.completions) for a in admitted)
-        state.sample(me, rng, per, not uncapped, min(1.0, max(max_weight, 1e-9)))
-    if state.total < rules.external:
+        if by_weight is not None:
+            state.sample_classes(rng, per, not uncapped, by_weight)
+        else:
+            state.sample(me, rng, per, not uncapped, min(1.0, max(max_weight, 1e-9)))
+    if state.total < rules.external and not state.settled:
         state.scan(me, rng, top_up)
     kept_at = sorted({*own, *state.taken})  # in the admitted order (by prompt, author, part), as later stages expect
     kept = [admitted[j] if j not in state.taken else _subset(admitted[j], sorted(state.taken[j])) for j in kept_at]
@@ -136,11 +148,11 @@ class _DrawState:
         self._young = young
         self._weights: dict[str, float] = {}
         self._youth: dict[str, bool] = {}
-        self.taken: dict[int, list[int]] = defaultdict(list)
-        self.chosen: set[tuple[int, int]] = set()
+        self.taken: dict[int, list[int]] = {}  # rollout position -> completion positions taken
         self.per_author: Counter[str] = Counter()
         self.young_taken = 0
         self.total = 0
+        self.settled = False  # sampling found that nothing more may be drawn (no keyed pass needed)
 
     def weight(self, author: str) -> float:
         if author not in self._weights:
@@ -155,13 +167,16 @@ class _DrawState:
     def take(self, j: int, i: int, capped: bool) -> bool:
         """Take completion ``i`` of rollout ``j`` if the rules allow it."""
         author = self.admitted[j].rollout.author
-        if (j, i) in self.chosen or self.per_author[author] >= self.rules.per_author:
+        taken = self.taken.get(j)
+        if (taken is not None and i in taken) or self.per_author[author] >= self.rules.per_author:
             return False
         is_young = self.young(author)
         if capped and is_young and self.young_taken >= self.cap:
             return False
-        self.chosen.add((j, i))
-        self.taken[j].append(i)
+        if taken is None:
+            self.taken[j] = [i]
+        else:
+            taken.append(i)
         self.per_author[author] += 1
         self.young_taken += is_young
         self.total += 1
@@ -170,23 +185,66 @@ class _DrawState:
     def sample(self, me: str, rng: random.Random, per_rollout: int, capped: bool = True, bound: float = 1.0) -> None:
         """Rejection sampling: O(J) expected steps when most of what is offered is eligible. ``bound``: no
         weight exceeds it, so keeping with probability ``w / bound`` samples in proportion to ``w`` still."""
-        n = len(self.admitted)
+        admitted, weights, weight = self.admitted, self._weights, self.weight
+        slots = len(admitted) * per_rollout
+        uniform = rng.random
+        # Per try a few hundred nanoseconds: at the start of a run most samples are rejected by weight (fresh
+        # authors 1/(K+1) against the most senior one's bound), so the loop is what grows past N = 3.
         for _ in range(16 * self.external + 64):
             if self.total >= self.external:
                 return
-            j = rng.randrange(n)
-            rollout = self.admitted[j].rollout
-            i = rng.randrange(per_rollout)
-            if rollout.author == me or i >= len(rollout.completions):
+            # One uniform number picks the rollout and the completion slot in it (cheaper than two randrange).
+            j, i = divmod(min(int(uniform() * slots), slots - 1), per_rollout)
+            rollout = admitted[j].rollout
+            author = rollout.author
+            if author == me or i >= len(rollout.completions):
                 continue
-            if rng.random() * bound >= self.weight(rollout.author):
+            w = weights.get(author)
+            if uniform() * bound >= (weight(author) if w is None else w):
                 continue
             self.take(j, i, capped)
 
-    def scan(self, me: str, rng: random.Random, top_up: bool) -> None:
-        """Key every offered completion (Efraimidis-Spirakis) and take them in decreasing key order."""
+    def sample_classes(
+        self, rng: random.Random, per_rollout: int, capped: bool, by_weight: Mapping[float, Sequence[int]]
+    ) -> None:
+        """Sampling by weight class: a class with probability proportional to its weight times its completion
+        slots, a slot in it uniformly (an empty slot, past a rollout's completions, is drawn again), so every
+        peer's completion comes with probability proportional to its author's weight, as in :meth:`sample`,
+        without rejections by weight. Once young authors gave the cap's worth, their classes (weight below 1:
+        not yet ``young_rounds`` rounds) leave the pool: a crowd of young identities costs no tries then."""
+        pools = [(min(max(w, 1e-9), 1.0), positions) for w, positions in sorted(by_weight.items()) if positions]
+        admitted, uniform = self.admitted, rng.random
+        cumulative = list(itertools.accumulate(w * len(positions) for w, positions in pools))
+        young_closed = False
+        for _ in range(16 * self.external + 64):
+            if self.total >= self.external or not pools:
+                return
+            if capped and not young_closed and self.young_taken >= self.cap:
+                pools = [(w, positions) for w, positions in pools if w >= 1.0]
+                young_closed = True
+                # Nobody young may be drawn any more: what is left is the seniors' rollouts. Where they are few,
+                # key them (the keyed pass on them alone draws as the full one would) rather than sample among
+                # rollouts that are mostly taken already.
+                left = [j for _, positions in pools for j in positions]
+                if len(left) * per_rollout <= SCAN_FACTOR * self.external:
+                    self.scan("", rng, False, sorted(left))
+                    self.settled = True
+                    return
+                cumulative = list(itertools.accumulate(w * len(positions) for w, positions in pools))
+            # a class in proportion to its total weight (at most K + 1 classes), then a slot in it uniformly
+            c = min(bisect.bisect_right(cumulative, uniform() * cumulative[-1]), len(pools) - 1)
+            positions = pools[c][1]
+            j = positions[min(int(uniform() * len(positions)), len(positions) - 1)]
+            i = min(int(uniform() * per_rollout), per_rollout - 1)
+            if i < len(admitted[j].rollout.completions):
+                self.take(j, i, capped)
+
+    def scan(self, me: str, rng: random.Random, top_up: bool, positions: Sequence[int] | None = None) -> None:
+        """Key every offered completion (Efraimidis-Spirakis) and take them in decreasing key order; with
+        ``positions``, only those rollouts' (peers' ones)."""
         keyed = []
-        for j, a in enumerate(self.admitted):  # one key per completion, in the admitted order: reproducible
+        for j in range(len(self.admitted)) if positions is None else positions:  # in the admitted order
+            a = self.admitted[j]
             if a.rollout.author == me:
                 continue
             w = self.weight(a.rollout.author)
@@ -206,10 +264,4 @@ def _subset(a: Admitted, positions: list[int]) -> Admitted:
     r = a.rollout
     if len(positions) == len(r.completions):  # all of it (positions are distinct): no copy
         return a
-    rollout = r.model_copy(
-        update={
-            "completions": tuple(r.completions[p] for p in positions),
-            "indices": tuple(r.indices[p] for p in positions),
-        }
-    )
-    return Admitted(rollout, a.prompt)
+    return Admitted(r.subset(positions), a.prompt)

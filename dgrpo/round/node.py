@@ -75,6 +75,8 @@ class Node:
         self.secret = secret if secret is not None else hashlib.sha256(f"dgrpo/sim/{peer_id}".encode()).digest()
         self.draw_rules = DrawRules(rollout.external_per_round, rollout.external_per_author, rollout.young_share)
         self.seniority = Seniority(rollout.young_rounds, (limits or Limits()).max_tracked_peers)
+        if rollout.external_per_round is not None:  # the admit stage indexes peers' rollouts by draw weight
+            self.admitter.draw_weight = lambda author: self.seniority.weight(author)
         self.weights = ""  # SHA-256 of the weights of the round being played (announced in its rollouts)
         # Async mode: a prompt's group spans the staleness window (:mod:`dgrpo.round.group_memory`).
         self.groups = GroupMemory(rollout.max_staleness + 1) if rollout.mode == "async" else None
@@ -126,7 +128,7 @@ class Node:
             admission.admitted, self.peer_id, self.draw_rules, self.seniority.weight, self.seniority.young,
             private_rng(self.secret, round_idx), top_up=not seniors, offered=admission.offered, own=admission.own,
             per_rollout=self.rollout.completions_per_prompt, everyone_young=not seniors,
-            max_weight=self.seniority.max_weight(),
+            max_weight=self.seniority.max_weight(), by_weight=admission.by_weight,
         )  # fmt: skip
         c1 = time.thread_time()
         kept, defense = defend(

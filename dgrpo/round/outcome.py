@@ -75,6 +75,9 @@ class Admission:
     # positions of the node's own rollouts in ``admitted``.
     offered: int = 0
     own: tuple[int, ...] = ()
+    # Peers' admitted rollouts (positions in ``admitted``) by their author's draw weight (seniority), where the
+    # node draws a bounded number: the draw samples a weight class, then a rollout in it, in O(J).
+    by_weight: Mapping[float, tuple[int, ...]] | None = None
 
 
 @dataclass(frozen=True)
