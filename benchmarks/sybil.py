@@ -153,6 +153,7 @@ def main() -> None:
         "--all-gather", action="store_true", help="also run each with no draw at all (every admitted completion)"
     )
     parser.add_argument("--out", type=Path, default=Path("runs/sybil"))
+    parser.add_argument("--keep", action="store_true", help="keep each run's node folders (logs, rounds.jsonl)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     base = [
@@ -176,7 +177,8 @@ def main() -> None:
                 node["max_round_young_share"] = None
             print(json.dumps(row), flush=True)
             results.append(row)
-            shutil.rmtree(out, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(out, ignore_errors=True)
     (args.out / "sybil.json").write_text(json.dumps(results, indent=2))
     plot(results, args.out / "sybil.png")
 

@@ -203,3 +203,60 @@ def test_a_sybil_majority_does_not_decide_the_networks_round(daemon: Daemon) -> 
         assert daemon.network_round() == 22
     finally:
         daemon.node.seniority = saved
+
+
+def test_a_round_does_not_wait_for_young_peers_where_seniors_are_live(daemon: Daemon) -> None:
+    """Fifty slow Sybils in step with the round: a node that knows senior peers waits for those only (the Sybils'
+    rollouts still count if they arrive before the round closes); one that knows none waits for everybody."""
+    from dgrpo.defense.seniority import Seniority
+
+    saved = daemon.node.seniority
+    daemon.node.seniority = Seniority(young_rounds=5)
+    try:
+        for r in range(5):
+            daemon.node.seniority.credit(r, {"honest-a", "honest-b"})
+        table = [peer(f"sybil-{i}", 30) for i in range(50)] + [peer("honest-a", 30), peer("honest-b", 29)]
+        attach(daemon, table)
+        assert daemon.expected_peers(30) == {"honest-a", "honest-b"}
+        # The seniors gone (disconnected, or done), the young are waited for again.
+        attach(daemon, [*table[:50], peer("honest-a", 30, status="done")])
+        assert daemon.expected_peers(30) == {f"sybil-{i}" for i in range(50)}
+        daemon.node.seniority = Seniority(young_rounds=5)  # nobody senior: a young network waits for all
+        attach(daemon, table)
+        assert len(daemon.expected_peers(30)) == 52
+    finally:
+        daemon.node.seniority = saved
+
+
+def test_a_node_cut_off_from_its_seniors_waits_rather_than_running_alone(tmp_path: object) -> None:
+    """Among young identities only, a node that knows senior peers waits (two heartbeats at most) before a
+    round, as a node hearing nobody does, instead of racing ahead alone to where its seniors blacklist it for
+    rollouts past their horizon."""
+    import time
+
+    import trio
+
+    from dgrpo.defense.seniority import Seniority
+
+    sets = [
+        f"state_dir={str(tmp_path)!r}",
+        "status.enabled=false",
+        "rounds.min_peers=1",
+        "rounds.heartbeat_seconds=0.25",
+    ]
+    d = Daemon(load_node_settings(None, sets))
+    d.node.seniority = Seniority(young_rounds=2)
+    sybils = [peer(f"sybil-{i}", 30) for i in range(5)]
+
+    def waited() -> float:
+        t0 = time.perf_counter()
+        trio.run(d._await_peers)
+        return time.perf_counter() - t0
+
+    attach(d, sybils)
+    assert waited() < 0.1  # knowing no senior, young peers are peers
+    for r in range(2):
+        d.node.seniority.credit(r, {"honest-a"})
+    assert waited() >= 0.45  # cut off from its senior: waits two heartbeats
+    attach(d, [*sybils, peer("honest-a", 30)])
+    assert waited() < 0.1

@@ -92,12 +92,24 @@ class Membership:
         rounds behind and about to publish it), and those that already sent some of it unless two rounds past
         it. A peer that joined after this round began never publishes it; a straggler three or more rounds
         behind rejoins at the network's round (:meth:`_catch_up`) and never publishes this one either: neither
-        is waited for."""
+        is waited for.
+
+        Where this node knows live senior peers, young ones are not waited for either (their rollouts count if
+        they arrive before the round closes): waiting costs the round its time, and identities are free. With
+        50 slow Sybils in step beside three honest nodes, the node that heard them first waited for them until
+        the deadline (60 s) round after round, while the two others ran 280 rounds without it
+        (``benchmarks/sybil.py``, docs/scale.md). The draw gives young authors at most ``young_share`` of its
+        J anyway; a network whose peers are all young waits for all of them."""
         sent = self.inbox.authors(round_idx)
         done = {p.peer_id for p in self.transport.peer_table() if p.status == "done"} if self.transport else set()
+        live = self.live_peers()
+        seniority = self.node.seniority
+        skip_young = any(not seniority.young(p) for p in live if p not in done)
 
         def expected(p: str) -> bool:
             if p in done:  # it ran all its rounds: it publishes no more rollouts
+                return False
+            if skip_young and seniority.young(p):
                 return False
             progress = self.progress(p)
             # Behind by up to two rounds (still training, or its round-start heartbeat not here yet) it will
@@ -106,7 +118,7 @@ class Membership:
             # are lost (a peer publishes all its parts when its round starts).
             return round_idx - 2 <= progress <= round_idx or (p in sent and progress <= round_idx + 1)
 
-        return {p for p in self.live_peers() if expected(p)}
+        return {p for p in live if expected(p)}
 
     def under_way(self) -> list[str]:
         """The live peers whose progress says where the network is: running, with a round completed; where
@@ -201,8 +213,18 @@ class Membership:
     async def _await_peers(self) -> None:
         """Before a round of a node that needs peers (``min_peers``) but hears none, wait at most two heartbeat
         periods: a node that was suspended hears nobody until their next heartbeats, and would otherwise run
-        rounds alone instead of catching up. One silent peer among live ones costs nothing here."""
+        rounds alone instead of catching up. One silent peer among live ones costs nothing here.
+
+        A node that knows senior peers counts only those: cut off from all of them, with young identities
+        around it, it waits the same way. With 50 Sybils connecting to an honest node at once, its connections
+        to its two honest peers dropped; it expected nobody, ran rounds alone at five a second, and its honest
+        peers blacklisted it for rollouts past their horizon (``future_round``) four seconds later
+        (``benchmarks/sybil.py``, docs/scale.md)."""
         s = self.settings.rounds
+        seniority = self.node.seniority
         with trio.move_on_after(2 * s.heartbeat_seconds):
-            while s.min_peers and not self.live_peers():
+            while s.min_peers:
+                live = self.live_peers()
+                if live and (not seniority.has_seniors() or any(not seniority.young(p) for p in live)):
+                    break
                 await trio.sleep(0.05)

@@ -28,7 +28,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -51,6 +51,7 @@ from dgrpo.net.host import noise_only as noise_only  # re-exported
 from dgrpo.net.host import queue_idle, resource_manager, trim_router_state
 from dgrpo.net.own_dialers import ROUTER_OPTIONS, disable_auto_connector
 from dgrpo.net.pubsub import DeliveringPubsub, ReceiptGossipSub
+from dgrpo.net.stream_watch import StreamWatch
 from dgrpo.net.streams import Stream, StreamError, StreamHandler, serve
 from dgrpo.net.traversal import Traversal
 from dgrpo.net.traversal_config import TraversalConfig
@@ -104,6 +105,7 @@ class GossipStatistics:
     bootstrap_failures: int
     connected_peers: int
     oversize_rpc: int  # inbound RPCs over max_inbound_rpc_size (each reset that peer's stream)
+    dead_streams: int  # connections closed because their pubsub stream died (dgrpo.net.stream_watch)
 
 
 def _check_topic(topic: str) -> None:
@@ -170,6 +172,7 @@ class GossipNode:
         # set everyone's pace: a SIGSTOPped peer made every honest round wait pacing_timeout).
         self._queue_watch: dict[str, tuple[int, float]] = {}
         self._stuck: set[str] = set()
+        self._stream_watch = StreamWatch(config.dead_stream_after)
 
     @classmethod
     @asynccontextmanager
@@ -496,3 +499,16 @@ class GossipNode:
         while True:
             await trio.sleep(self.config.heartbeat_interval)
             trim_router_state(self._router, self.config.equivocation_cache)
+            await self._close_dead_streams()
+
+    async def _close_dead_streams(self) -> None:
+        """Close the connections whose pubsub stream died (:mod:`dgrpo.net.stream_watch`), to be dialled again."""
+        connected = {peer.to_base58(): peer for peer in self._host.get_connected_peers()}
+        for name in self._stream_watch.update(set(connected), self.connected_peers(), time.monotonic()):
+            self._counts["dead_streams"] += 1
+            logger.warning(
+                "%s: connected without a pubsub stream for %s s; closing the connection to dial it again",
+                name, self.config.dead_stream_after,
+            )  # fmt: skip
+            with suppress(Exception):
+                await self._host.disconnect(connected[name])

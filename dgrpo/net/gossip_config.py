@@ -45,6 +45,14 @@ class GossipConfig(BaseModel):
             "(what does not fit is dropped to that peer, counted per peer)",
         ),
     ] = 1.0
+    dead_stream_after: Annotated[
+        float,
+        Field(
+            gt=0.0,
+            description="s a connected peer that had a pubsub stream may go without one before its connection is "
+            "closed, to be dialled again (dgrpo.net.stream_watch)",
+        ),
+    ] = 10.0
     inbound_queue: Annotated[int, Field(ge=1, description="messages buffered per topic; more are dropped")] = 4096
     bootstrap_backoff_initial: Annotated[float, Field(gt=0.0, description="s before the first redial")] = 0.5
     bootstrap_backoff_max: Annotated[float, Field(gt=0.0, description="cap on the redial backoff, in s")] = 30.0
