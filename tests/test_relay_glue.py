@@ -181,3 +181,20 @@ def test_a_punch_is_recorded_where_it_succeeds_even_if_no_poll_saw_the_relayed_l
     other.connections = lambda: {peer.to_base58(): "direct"}  # type: ignore[method-assign]
     other._track_upgrades()
     assert other.upgraded == set(), "a connection that was direct from the start is no hole punch"
+
+
+def test_the_status_shows_a_punch_before_the_relay_loop_polls_it() -> None:
+    """CI saw the homes direct in ``connections`` while ``hole_punched`` was still empty: the status was asked
+    between DCUtR's success and the relay loop's next pass, which alone copied punches into ``upgraded``."""
+    from dgrpo.net.traversal import PromptDCUtR, Traversal
+
+    dcutr = PromptDCUtR.__new__(PromptDCUtR)
+    dcutr.punched, dcutr._nursery = set(), None
+    punched, seen, plain = (ID.from_pubkey(create_new_key_pair().public_key).to_base58() for _ in range(3))
+    dcutr.punched.add(punched)
+    traversal = Traversal.__new__(Traversal)
+    traversal.dcutr, traversal.upgraded, traversal._seen_relayed = dcutr, set(), {seen}
+    kinds = {punched: "direct", seen: "direct", plain: "direct"}
+    assert traversal.hole_punched(kinds) == sorted([punched, seen])  # no poll ran; a plain direct peer is no punch
+    assert traversal.upgraded == set()
+    assert traversal.hole_punched({seen: "relayed"}) == [punched]

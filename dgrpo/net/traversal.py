@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any
 
@@ -220,6 +220,17 @@ class Traversal:
                 log.debug("direct dial to %s failed: %s", peer, error)
         return None
 
+    def hole_punched(self, kinds: Mapping[str, str]) -> list[str]:
+        """Peers a hole punch reached: what the relay loop recorded, and what it has not polled yet (a punch DCUtR
+        verified, a peer seen relayed that is direct now in ``kinds``). The status may be asked between the punch
+        and the loop's next pass: CI saw the homes direct in ``connections`` and ``hole_punched`` still empty.
+        Copies first: the status server reads from its own thread."""
+        punched = set(tuple(self.dcutr.punched)) if self.dcutr is not None else set()
+        seen = set(tuple(self._seen_relayed))
+        return sorted(
+            set(tuple(self.upgraded)) | punched | {p for p, k in kinds.items() if k == "direct" and p in seen}
+        )
+
     def snapshot(self) -> dict[str, Any]:
         kinds = self.connections()
         return {
@@ -234,7 +245,7 @@ class Traversal:
             "connections": dict(sorted(kinds.items())),
             "direct_peers": sum(1 for k in kinds.values() if k == "direct"),
             "relayed_peers": sum(1 for k in kinds.values() if k == "relayed"),
-            "hole_punched": sorted(self.upgraded),
+            "hole_punched": self.hole_punched(kinds),
             "dials": dict(self.dials),
             "autonat_dial_backs_served": self.autonat.dial_backs,
         }
