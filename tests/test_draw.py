@@ -37,6 +37,16 @@ class FixedRng(random.Random):
         return self.values.pop(0)
 
 
+class Counting(random.Random):
+    """Counts the uniform numbers drawn (``Counting.calls``, reset by the test): what a draw path costs."""
+
+    calls = 0
+
+    def random(self) -> float:
+        Counting.calls += 1
+        return super().random()
+
+
 def texts(result: object) -> list[str]:
     return [t for a in result.admitted for t in a.rollout.completions]  # type: ignore[attr-defined]
 
@@ -228,13 +238,6 @@ def test_the_weight_bound_keeps_the_distribution_and_cuts_rejections() -> None:
     weight = lambda a: 2 / 6 if a in heavy else 1 / 6  # noqa: E731
     rules = DrawRules(external=8, per_author=2, young_share=0.25)
 
-    class Counting(random.Random):
-        calls = 0
-
-        def random(self) -> float:
-            Counting.calls += 1
-            return super().random()
-
     share, tries = {}, {}
     for bound in (1.0, 2 / 6):
         got = []
@@ -318,13 +321,6 @@ def test_sampling_by_weight_class_draws_as_the_keys_do(monkeypatch: pytest.Monke
     weights = {f"s{k}": 1.0 for k in range(20)} | {f"y{k}": 1 / 6 for k in range(20)}
     index = by_weight(rounds, weights.__getitem__)
     rules = DrawRules(external=8, per_author=2, young_share=1.0)
-
-    class Counting(random.Random):
-        calls = 0
-
-        def random(self) -> float:
-            Counting.calls += 1
-            return super().random()
 
     def heavy_share(**extra: object) -> float:
         runs = [
