@@ -40,8 +40,11 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run_one(out: Path, mode: str, slow: float | None, steps: int, timeout: float, seed: int = 0) -> list[NetNode]:
-    extra = [f"rollout.mode='{mode}'", f"checkpoint.every={steps}", "checkpoint.keep=2", "rounds.deadline_seconds=60"]
+def run_one(
+    out: Path, mode: str, slow: float | None, steps: int, timeout: float, seed: int = 0, sets: tuple[str, ...] = ()
+) -> list[NetNode]:
+    extra = [*sets, f"rollout.mode='{mode}'", f"checkpoint.every={steps}", "checkpoint.keep=2"]
+    extra.append("rounds.deadline_seconds=60")
     run_id = f"async-{mode}" + (f"-{seed}" if seed else "")  # the run id seeds the prompts every node draws
     nodes = start_testnet(3, out, rounds=steps, run_id=run_id, extra=extra, slow={2: slow} if slow else None)
     try:
@@ -108,15 +111,20 @@ def main() -> None:
         help="run the straggler pair (sync and async, node 2 slowed) this many times in all, each with another run "
         "id (other prompts): the accuracy difference as a mean and standard error over the repeats",
     )  # fmt: skip
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[],
+        help="a setting for every daemon of every run (repeatable), e.g. rollout.async_rounds_per_peer=1",
+    )  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    sets = tuple(args.sets)
     rows: list[dict[str, Any]] = []
     for mode in ("sync", "async"):
         for slow in (None, args.slow):
             name = f"{mode}-{'slow' if slow else 'even'}"
             progress(f"{name}: 3 daemons, {args.steps} steps" + (f", node 2 slowed {slow}x" if slow else ""))
             t0 = time.time()
-            nodes = run_one(args.work / name, mode, slow, args.steps, args.timeout)
+            nodes = run_one(args.work / name, mode, slow, args.steps, args.timeout, sets=sets)
             row: dict[str, Any] = {"run": name, "mode": mode, "slow": slow or 1.0, **measure(nodes, args.steps)}
             row["accuracy"], row["accuracy_untrained"] = final_accuracy(nodes, args.steps, args.eval_prompts)
             row["wall_s"] = round(time.time() - t0, 1)
@@ -129,13 +137,14 @@ def main() -> None:
         accs = []
         for mode in ("sync", "async"):
             progress(f"repeat {seed}: {mode}, node 2 slowed {args.slow}x")
-            nodes = run_one(args.work / f"{mode}-slow-{seed}", mode, args.slow, args.steps, args.timeout, seed)
+            nodes = run_one(args.work / f"{mode}-slow-{seed}", mode, args.slow, args.steps, args.timeout, seed, sets)
             accs.append(final_accuracy(nodes, args.steps, args.eval_prompts)[0])
         pairs.append((accs[0], accs[1]))
         progress(f"repeat {seed}: sync {accs[0]:.3f}, async {accs[1]:.3f}")
     gaps = [100 * (a - s) for s, a in pairs]
     summary = {
         "steps": args.steps,
+        "sets": list(sets),
         "slow": args.slow,
         "sync_drop": round(by["sync-slow"]["steps_per_minute"] / by["sync-even"]["steps_per_minute"], 3),
         "async_drop": round(by["async-slow"]["steps_per_minute"] / by["async-even"]["steps_per_minute"], 3),

@@ -90,6 +90,35 @@ def test_a_late_author_counts_in_the_step_where_it_arrives_whole() -> None:
     assert box.rejected["closed_round"] == 1
 
 
+def test_a_step_takes_at_most_the_bound_of_one_peers_rounds_newest_first() -> None:
+    """A straggler hears several rounds of each fast peer between two of its steps: with the bound (1, the
+    default) it trains on each peer's newest complete round only, as a sync round would, and the older ones wait
+    for a later step until they leave the window (without it the step took all three: 3x the work)."""
+    box = inbox(staleness=3)
+    box.open(6)
+    for r in (4, 5, 6):
+        for part in honest("fast", r):
+            assert box.add(part) is None
+    assert box.add(honest("slow", 5)[0]) is None  # incomplete: not counted against the bound
+    for part in honest("other", 3):
+        assert box.add(part) is None
+    drained = box.drain(6, per_author=1)
+    assert sorted({(r.author, r.round) for r in drained}) == [("fast", 6), ("other", 3)]
+    assert [r.round for r in drained] == sorted(r.round for r in drained)  # oldest first, as before
+    # The older ones wait: the next step (nothing newer from "fast") takes round 5, then round 4 has left.
+    box.open(7)
+    assert {(r.author, r.round) for r in box.drain(7, per_author=1)} == {("fast", 5)}
+    box.open(8)  # S = 3: round 4 is still in the window of step 7 but not of step 8
+    assert box.drain(8, per_author=1) == []
+    # Without the bound everything complete in the window is taken at once.
+    unbounded = inbox(staleness=3)
+    unbounded.open(6)
+    for r in (4, 5, 6):
+        for part in honest("fast", r):
+            unbounded.add(part)
+    assert sorted(r.round for r in unbounded.drain(6)) == [4, 4, 5, 5, 6, 6]
+
+
 def test_admission_takes_the_window_each_against_its_own_plan() -> None:
     admitter = Admitter(TASK, "horizontal", Limits(), "me", PLAN)
     stale_ok = [*honest("a", 3), *honest("a", 4), *honest("b", 5)]

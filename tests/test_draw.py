@@ -361,3 +361,17 @@ def test_a_young_crowd_costs_no_tries_once_the_cap_is_full(monkeypatch: pytest.M
         )  # fmt: skip
         assert out.young_drawn == 2 and out.by_author.get("s0") == 2 and out.drawn == 4 and not out.full
     assert keyed and max(keyed) == 1  # the senior's one rollout keyed, never the 201 offered
+
+
+def test_seniors_are_the_authors_past_k_rounds_most_work_first_up_to_the_limit() -> None:
+    s = Seniority(young_rounds=2)
+    for r in range(1, 6):
+        s.credit(r, ["a"])  # 5 rounds
+    for r in range(1, 4):
+        s.credit(r, ["b"])  # 3 rounds
+    s.credit(1, ["young"])  # 1 round: still young
+    s.credit(2, ["c"])
+    s.credit(3, ["c"])  # 2 rounds: just senior
+    assert s.seniors(10) == ["a", "b", "c"]
+    assert s.seniors(2) == ["a", "b"]
+    assert s.seniors(0) == []

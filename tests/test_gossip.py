@@ -379,6 +379,20 @@ def test_an_iwant_answer_is_split_under_the_receivers_inbound_limit() -> None:
     assert [m.seqno for p in parts for m in p.publish] == [i.to_bytes(8, "big") for i in range(32)]
 
 
+def test_own_messages_also_go_straight_to_the_peers_trusted_besides_the_mesh() -> None:
+    # A mesh of Sybils must not keep a node's own rollouts and heartbeats from its senior peers: they go to
+    # ``publish_to`` as well (if joined to the topic), forwarded messages only to the mesh, as before.
+    router = ReceiptGossipSub(protocols=[PROTOCOL_ID_V12], degree=6, degree_low=4, degree_high=12)
+    me, mesh, senior, unsubscribed, origin = (ID(b"\x00\x24" + bytes([i]) * 36) for i in range(5))
+    router.pubsub = types.SimpleNamespace(my_id=me, peer_topics={"t": {mesh, senior, origin}})
+    router.mesh = {"t": {mesh}}
+    router.publish_to = frozenset({senior, unsubscribed})
+    assert set(router._get_peers_to_send(["t"], me, me)) == {mesh, senior}
+    assert set(router._get_peers_to_send(["t"], origin, origin)) == {mesh}  # forwarded: the mesh only
+    router.publish_to = frozenset()
+    assert set(router._get_peers_to_send(["t"], me, me)) == {mesh}
+
+
 def test_the_read_loop_still_reads_rpcs_through_the_rebound_name() -> None:
     # DeliveringPubsub counts oversize RPCs by rebinding this one name in py-libp2p's read loop: a version that
     # renames it would count nothing, silently.

@@ -72,3 +72,13 @@ class RolloutConfig(Section):
             "dropped, never importance-weighted (AReaL's bounded staleness; docs/scale.md)",
         ),
     ] = 4
+    async_rounds_per_peer: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="async mode: the most rounds of one peer's rollouts a step trains on, newest first; older "
+            "complete ones wait for a later step until they leave the window (a straggler's step then stays one "
+            "sync round's work instead of growing with its lag). None (default): all of them; 1 cost the fast "
+            "nodes 1.2 points more on the straggler benchmark (docs/scale.md)",
+        ),
+    ] = None

@@ -324,6 +324,7 @@ class Daemon(Membership):
             except Exception as exc:  # a failed heartbeat is logged; the next one may succeed
                 self._error(f"heartbeat: {exc}")
             self.transport.round_horizon = self.inbox.horizon = self.rollout_horizon()
+            self.gossip.publish_directly_to(self.node.seniority.seniors(self.gossip.config.publish_to_seniors))
             self.metrics.peers.set(len(self.gossip.connected_peers()))
             self.metrics.active_peers.set(len(self.transport.peers()))
             self.metrics.blacklisted.set(len(self.gossip.blacklisted()))

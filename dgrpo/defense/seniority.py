@@ -56,6 +56,13 @@ class Seniority:
         """Whether any author this node knows is no longer young (the draw then never tops up with young ones)."""
         return self._seniors > 0
 
+    def seniors(self, limit: int) -> list[str]:
+        """Up to ``limit`` authors that are no longer young, those with the most rounds of verified work first:
+        the peers a node sends its own messages to directly (``GossipNode.publish_directly_to``)."""
+        k = self.young_rounds
+        ranked = sorted(((earned, a) for a, (earned, _) in self._rounds.items() if earned >= k), reverse=True)
+        return [a for _, a in ranked[: max(0, limit)]]
+
     def max_weight(self) -> float:
         """At least every author's :meth:`weight`, in O(1): the draw's sampling path scales its acceptance by it."""
         k = self.young_rounds

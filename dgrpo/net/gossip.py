@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, fields
 from typing import Any
@@ -106,6 +106,7 @@ class GossipStatistics:
     connected_peers: int
     oversize_rpc: int  # inbound RPCs over max_inbound_rpc_size (each reset that peer's stream)
     dead_streams: int  # connections closed because their pubsub stream died (dgrpo.net.stream_watch)
+    publish_to: int = 0  # peers our own messages go to besides the mesh (seniors: publish_directly_to)
 
 
 def _check_topic(topic: str) -> None:
@@ -260,6 +261,7 @@ class GossipNode:
                 "connected_peers": len(self._pubsub.peers),
                 "dropped_to_peers": dropped,
                 "refused_blacklisted": refused,
+                "publish_to": len(self._router.publish_to),
             }
         )
 
@@ -349,6 +351,10 @@ class GossipNode:
         await self._pace()
         await self._pubsub.publish(topic, data)
         self._counts["published"] += 1
+
+    def publish_directly_to(self, peer_ids: Iterable[str]) -> None:
+        """Send our own messages to these peers (their connections permitting) besides the mesh."""
+        self._router.publish_to = frozenset(_peer_id(p) for p in peer_ids)
 
     async def blacklist(self, peer_id: str) -> None:
         """Ignore everything ``peer_id`` sends or forwards from now on, and close our connection to it."""

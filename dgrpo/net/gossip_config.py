@@ -21,6 +21,14 @@ class GossipConfig(BaseModel):
     degree: Annotated[int, Field(ge=1, description="target mesh degree D")] = 6
     degree_low: Annotated[int, Field(ge=1, description="mesh degree below which peers are grafted")] = 4
     degree_high: Annotated[int, Field(ge=1, description="mesh degree above which peers are pruned")] = 12
+    publish_to_seniors: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="own messages also go straight to up to this many senior peers (verified work), besides "
+            "the mesh: a mesh of Sybils cannot cut a node off from them (0: the mesh only)",
+        ),
+    ] = 16
     # py-libp2p's default, 10/s per (forwarding peer, topic), counts our own publishes too and drops the excess
     # without error: one node publishing a message per rollout group, or a relay forwarding several authors'
     # rollouts, passes it within a round. 1000/s still stops a flood.

@@ -6,8 +6,9 @@ stage's decision (:func:`dgrpo.round.admit.arrival_reason`: closed or too-far-fu
 duplicate part, full round), counted there; messages a little ahead (a faster peer) wait for their round.
 
 In async mode (``staleness`` = the run's S > 0) a node never waits: each step at round t :meth:`drain` hands
-it every author's complete rollouts of rounds t-S..t that arrived so far, and keeps what is still incomplete
-(its other parts in flight) for a later step; a rollout of a round older than t-S is dropped as
+it every author's complete rollouts of rounds t-S..t that arrived so far (with ``rollout.async_rounds_per_peer``
+set, at most that many rounds of each, its newest), and keeps what is still incomplete (its other parts
+in flight) or over that bound for a later step; a rollout of a round older than t-S is dropped as
 ``closed_round``. What was drained stays known, so a repeat is still a ``duplicate_part``.
 """
 
@@ -145,13 +146,18 @@ class RoundInbox:
         self._forget_before(self.current)
         return list(self._rounds.pop(round_idx, {}).values())
 
-    def drain(self, round_idx: int) -> list[Rollout]:
+    def drain(self, round_idx: int, per_author: int | None = None) -> list[Rollout]:
         """Async mode: every author's complete rollouts (all of its plan's parts; without a plan, all it
         announced) of rounds up to ``round_idx`` that arrived so far. An author whose parts are still in
-        flight keeps them here for a later step, until its round falls out of the window."""
+        flight keeps them here for a later step, until its round falls out of the window. ``per_author``: at
+        most that many rounds of one author, its newest complete ones; older complete ones stay for a later step
+        (and leave with the window). Without it a straggler, which hears every fast peer's rounds of S steps at
+        each of its own, trained on all of them at once: its steps grew with its lag (160 completions against a
+        sync round's 48 with a 3x straggler) and it fell 8x behind instead of 3x."""
         plan = self.admitter.plan if self.admitter is not None else None
+        taken: Counter[str] = Counter()
         out: list[Rollout] = []
-        for r in sorted(k for k in self._rounds if k <= round_idx):
+        for r in sorted((k for k in self._rounds if k <= round_idx), reverse=True):  # newest first
             bucket = self._rounds[r]
             by_author: dict[str, list[tuple[str, int]]] = defaultdict(list)
             for key in bucket:
@@ -160,11 +166,15 @@ class RoundInbox:
                 parts = plan.parts if plan is not None else self._parts.get((r, author), 0)
                 if sum(1 for (_, p) in keys if p < parts) < parts:
                     continue
+                if per_author is not None and taken[author] >= per_author:
+                    continue
+                taken[author] += 1
                 for key in keys:
                     out.append(bucket.pop(key))
                     self._taken[r].add(key)
             if not bucket:
                 del self._rounds[r]
+        out.sort(key=lambda rollout: rollout.round)  # oldest first, as the window was drained before
         return out
 
     async def pump(self, channel: trio.MemoryReceiveChannel[Rollout]) -> None:

@@ -76,7 +76,7 @@ async def run_step(
     own = await _timed(node.produce, round_idx, limiter=limiter, slowdown=slowdown)
     for rollout in own:
         await transport.publish(rollout)
-    received = inbox.drain(round_idx)
+    received = inbox.drain(round_idx, node.rollout.async_rounds_per_peer)
     with trio.CancelScope(shield=True):
         outcome = await _timed(node.consume, round_idx, [*own, *received], limiter=limiter, slowdown=slowdown)
     return replace(outcome, round_seconds=time.perf_counter() - t0)
