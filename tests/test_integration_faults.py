@@ -101,8 +101,15 @@ def test_a_peer_that_stops_mid_round_is_not_waited_for(tmp_path: Path) -> None:
     after = [row for nd, n in zip(others, stopped_at, strict=True) for row in rounds_log(nd)[n : n + 3]]
     assert max(row["seconds"] for row in after) < 10 + 2 * normal, (normal, after)
     assert elapsed < 40, elapsed  # three rounds, none held to the 60 s deadline or peer timeout
-    # It was either still expected when it stopped and dropped at once, or no longer expected at all.
-    assert any(victim.peer_id in row["departed"] for row in after) or all(row["expected_peers"] == 2 for row in after)
+    # In every round after the stop the victim either still delivered (SIGTERM came between its rounds: it
+    # finishes the round it is in), was dropped at once (``departed``), or was no longer expected (its
+    # ``stopping`` heartbeat came first); never expected, silent and kept (that round would have closed only at
+    # its deadline, which the times above rule out as well). CI once saw the first and third in one run, which
+    # the earlier form of this check (dropped somewhere, or expected everywhere) refused.
+    for row in after:
+        delivered = victim.peer_id in row["authors"]
+        dropped = victim.peer_id in row["departed"]
+        assert delivered or dropped or row["expected_peers"] == 1, (row["round"], row["expected_peers"], dropped)
 
 
 def test_a_flood_spread_over_rounds_to_come_is_cut_off(tmp_path: Path) -> None:
