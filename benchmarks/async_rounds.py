@@ -43,8 +43,13 @@ def progress(message: str) -> None:
 def run_one(
     out: Path, mode: str, slow: float | None, steps: int, timeout: float, seed: int = 0, sets: tuple[str, ...] = ()
 ) -> list[NetNode]:
-    extra = [*sets, f"rollout.mode='{mode}'", f"checkpoint.every={steps}", "checkpoint.keep=2"]
-    extra.append("rounds.deadline_seconds=60")
+    extra = [
+        *sets,
+        f"rollout.mode='{mode}'",
+        f"checkpoint.every={steps}",
+        "checkpoint.keep=2",
+        "rounds.deadline_seconds=60",
+    ]
     run_id = f"async-{mode}" + (f"-{seed}" if seed else "")  # the run id seeds the prompts every node draws
     nodes = start_testnet(3, out, rounds=steps, run_id=run_id, extra=extra, slow={2: slow} if slow else None)
     try:
