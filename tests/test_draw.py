@@ -27,14 +27,14 @@ def admitted(author: str, prompt: str, n: int, part: int = 0) -> Admitted:
 
 
 class FixedRng(random.Random):
-    """``random()`` returns the given values in turn (the draw takes one per peer completion, in order)."""
+    """``random()`` returns the given values in turn (the keyed draw takes one per peer rollout, in order)."""
 
     def __init__(self, values: list[float]) -> None:
         super().__init__(0)
         self.values = list(values)
 
-    def random(self) -> float:
-        return self.values.pop(0)
+    def random(self) -> float:  # then the seeded generator's (which of a capped rollout's completions are taken)
+        return self.values.pop(0) if self.values else super().random()
 
 
 class Counting(random.Random):
@@ -60,19 +60,35 @@ def test_without_a_bound_everything_is_kept() -> None:
 
 
 def test_keys_order_the_draw_and_caps_skip() -> None:
-    # peers' completions in admitted order: a0 a1 a2 b0 b1 y0 y1 z0 (y, z young); weights 1: key = u
+    # peers' rollouts in admitted order: a (3 completions), b (2), y (2), z (1); y, z young; weights 1: key = u
     rounds = [admitted(ME, "p1", 2), admitted("a", "p1", 3), admitted("b", "p1", 2), admitted("y", "p1", 2)]
     rounds.append(admitted("z", "p2", 1))
-    u = [0.50, 0.95, 0.90, 0.10, 0.80, 0.99, 0.70, 0.60]
+    u = [0.50, 0.95, 0.99, 0.60]
     rules = DrawRules(external=4, per_author=2, young_share=0.25)  # young cap floor(4 * 0.25) = 1
     out = draw(rounds, ME, rules, lambda _: 1.0, lambda p: p in ("y", "z"), FixedRng(u))
-    # by key: y0 .99 (young, 1st young: taken), a1 .95, a2 .90, b1 .80, y1 .70 (young cap reached), ...
-    assert texts(out) == ["me-p1-0", "me-p1-1", "a-p1-1", "a-p1-2", "b-p1-1", "y-p1-0"]
+    # by key: y .99 (young: room 1, the cap, so one of its two), b .95 (room 2: whole), z .60 (young cap reached:
+    # skipped), a .50 (room 1 of J left: one of its three, per_author would have allowed 2)
     assert (out.offered, out.drawn, out.young_drawn, out.full) == (8, 4, 1, True)
-    assert out.by_author == {"y": 1, "a": 2, "b": 1}
+    assert out.by_author == {"y": 1, "b": 2, "a": 1}
+    assert [a.rollout.author for a in out.admitted] == [ME, "a", "b", "y"]  # the admitted order
+    assert texts(out)[:2] == ["me-p1-0", "me-p1-1"] and texts(out)[3:5] == ["b-p1-0", "b-p1-1"]
     # a drawn completion keeps its own index (the plan binding and the sampling proof judge it as before)
-    drawn_a = next(a for a in out.admitted if a.rollout.author == "a")
-    assert drawn_a.rollout.indices == (11, 12)
+    for drawn in (out.admitted[1].rollout, out.admitted[3].rollout):
+        assert len(drawn.completions) == 1
+        assert drawn.indices[0] == 10 + int(drawn.completions[0].rsplit("-", 1)[1])
+    assert out.admitted[2] is rounds[2]  # a whole rollout is not copied
+
+
+def test_which_completions_a_capped_draw_keeps_is_drawn_too() -> None:
+    # One author, capped at 2 of its 4: the two taken are the private randomness's choice, not the first two
+    # (an author cannot put the answers it wants trained on first); every pair turns up over seeds.
+    rounds = [admitted("a", "p1", 4)]
+    seen = set()
+    for s in range(200):
+        out = draw(rounds, ME, DrawRules(external=8, per_author=2), lambda _: 1.0, lambda _: False, random.Random(s))
+        assert out.drawn == 2
+        seen.add(out.admitted[0].rollout.indices)
+    assert seen == {(10, 11), (10, 12), (10, 13), (11, 12), (11, 13), (12, 13)}
 
 
 def test_per_author_cap_and_short_rounds() -> None:
@@ -154,17 +170,17 @@ def test_young_authors_top_up_where_seniors_offer_too_few() -> None:
     # At the start of a run everyone is young: the cap (1 of 4) would leave 3 places empty; the second pass, in
     # key order, fills them from the young authors' skipped completions.
     rounds = [admitted("y", "p1", 3), admitted("z", "p1", 3)]
-    u = [0.9, 0.5, 0.1, 0.8, 0.7, 0.2]  # y0 y1 y2 z0 z1 z2
     rules = DrawRules(external=4, per_author=3, young_share=0.25)
-    out = draw(rounds, ME, rules, lambda _: 1.0, lambda _: True, FixedRng(u))
-    # pass 1: y0 (.9); pass 2 in key order: z0 (.8), z1 (.7), y1 (.5)
-    assert texts(out) == ["y-p1-0", "y-p1-1", "z-p1-0", "z-p1-1"]
-    assert (out.drawn, out.young_drawn, out.full) == (4, 4, True)
+    out = draw(rounds, ME, rules, lambda _: 1.0, lambda _: True, FixedRng([0.9, 0.8]))
+    # pass 1: y .9, one completion (the cap); z skipped. Pass 2 in key order: y's other two, then one of z's
+    assert out.by_author == {"y": 3, "z": 1} and (out.drawn, out.young_drawn, out.full) == (4, 4, True)
+    assert texts(out)[:3] == ["y-p1-0", "y-p1-1", "y-p1-2"]
     # one senior offering 2 of the 3 places the cap leaves: a node that knows no senior tops up from the young
     rounds = [admitted("s", "p1", 2), *rounds]
-    u = [0.3, 0.2, 0.9, 0.5, 0.1, 0.8, 0.7, 0.6]  # s0 s1 y0 y1 y2 z0 z1 z2
+    u = [0.3, 0.9, 0.8]  # s y z
     out = draw(rounds, ME, rules, lambda _: 1.0, lambda a: a != "s", FixedRng(u))
-    assert out.by_author == {"y": 1, "s": 2, "z": 1} and out.young_drawn == 2
+    # pass 1: y 1 (the cap), z skipped, s 2; pass 2: y one more
+    assert out.by_author == {"y": 2, "s": 2} and out.young_drawn == 2
     # ... and one that knows a senior never does: 3 of 4, the young within their cap of 1
     out = draw(rounds, ME, rules, lambda _: 1.0, lambda a: a != "s", FixedRng(u), top_up=False)
     assert out.by_author == {"s": 2, "y": 1} and out.young_drawn == 1 and (out.drawn, out.full) == (3, False)

@@ -364,7 +364,8 @@ def test_an_iwant_answer_is_split_under_the_receivers_inbound_limit() -> None:
     router = ReceiptGossipSub(protocols=[PROTOCOL_ID_V12], degree=6, degree_low=4, degree_high=12)
     peer = ID(b"\x00\x24" + bytes(range(36)))
     queue = RpcQueue()
-    router.pubsub = types.SimpleNamespace(peer_queues={peer: queue})  # what handle_iwant and send_rpc use
+    me = ID(b"\x00\x24" + bytes([99]) * 36)
+    router.pubsub = types.SimpleNamespace(my_id=me, peer_queues={peer: queue})  # what handle_iwant, send_rpc use
     wanted = []
     for i in range(32):
         msg = rpc_pb2.Message(from_id=b"a" * 38, data=bytes([i]) * 131_000, seqno=i.to_bytes(8, "big"), topicIDs=["t"])
@@ -391,6 +392,38 @@ def test_own_messages_also_go_straight_to_the_peers_trusted_besides_the_mesh() -
     assert set(router._get_peers_to_send(["t"], origin, origin)) == {mesh}  # forwarded: the mesh only
     router.publish_to = frozenset()
     assert set(router._get_peers_to_send(["t"], me, me)) == {mesh}
+
+
+def test_a_full_queue_keeps_room_for_our_own_and_our_seniors_messages() -> None:
+    # py-libp2p's outbound queue (32 RPCs a peer) refuses what comes when full. Filled with forwarded messages
+    # of young identities, it would refuse our own rollouts; now ours and our seniors' go ahead (the priority
+    # tier) and take the place of the newest forwarded message of anyone else, which is dropped and counted.
+    from libp2p.pubsub.rpc_queue import OutBoundQueueSize, RpcQueue
+
+    router = ReceiptGossipSub(protocols=[PROTOCOL_ID_V12], degree=6, degree_low=4, degree_high=12)
+    me, peer, senior, sybil = (ID(b"\x00\x24" + bytes([i]) * 36) for i in range(4))
+    queue = RpcQueue()
+    router.pubsub = types.SimpleNamespace(my_id=me, peer_queues={peer: queue}, peer_topics={})
+    router.publish_to = frozenset({senior})
+
+    def rpc(origin: ID, seqno: int) -> rpc_pb2.RPC:
+        message = rpc_pb2.Message(from_id=origin.to_bytes(), seqno=seqno.to_bytes(8, "big"), topicIDs=["t"])
+        return rpc_pb2.RPC(publish=[message])
+
+    for k in range(OutBoundQueueSize):
+        router.send_rpc(peer, rpc(sybil, k))
+    assert len(queue) == OutBoundQueueSize
+    router.send_rpc(peer, rpc(sybil, 99))  # someone else's, into a full queue: refused, as before
+    assert router.dropped_to_peer[peer.to_base58()] == 1 and router.yielded == 0
+    router.send_rpc(peer, rpc(me, 1))
+    router.send_rpc(peer, rpc(senior, 2))
+    assert len(queue) == OutBoundQueueSize and router.yielded == 2
+    assert router.dropped_to_peer[peer.to_base58()] == 3
+    sent = [queue._queue.pop() for _ in range(OutBoundQueueSize)]
+    origins = [ID(r.publish[0].from_id) for r in sent if r is not None]
+    assert origins[:2] == [me, senior]  # ahead of the forwarded ones
+    seqnos = [int.from_bytes(r.publish[0].seqno, "big") for r in sent[2:] if r is not None]
+    assert seqnos == list(range(OutBoundQueueSize - 2))  # the newest two forwarded ones made room
 
 
 def test_the_read_loop_still_reads_rpcs_through_the_rebound_name() -> None:

@@ -36,7 +36,8 @@ class RolloutConfig(Section):
         Field(
             ge=1,
             description="J: peers' completions a node draws per round to verify and train on, besides its own "
-            "(SAPO's I local / J external); None: every admitted one (the papers' all-gather)",
+            "(SAPO's I local / J external), drawn in whole rollouts as the caps allow; None: every admitted one "
+            "(the papers' all-gather)",
         ),
     ] = None
     external_per_author: Annotated[

@@ -107,6 +107,7 @@ class GossipStatistics:
     oversize_rpc: int  # inbound RPCs over max_inbound_rpc_size (each reset that peer's stream)
     dead_streams: int  # connections closed because their pubsub stream died (dgrpo.net.stream_watch)
     publish_to: int = 0  # peers our own messages go to besides the mesh (seniors: publish_directly_to)
+    yielded: int = 0  # forwarded messages dropped from a full outbound queue for ours or a senior's (in dropped)
 
 
 def _check_topic(topic: str) -> None:
@@ -262,6 +263,7 @@ class GossipNode:
                 "dropped_to_peers": dropped,
                 "refused_blacklisted": refused,
                 "publish_to": len(self._router.publish_to),
+                "yielded": self._router.yielded,
             }
         )
 

@@ -5,7 +5,8 @@
   subscriptions from blacklisted peers, RPC writes interleaving on one stream, a malformed RPC killing the
   node, and a KeyError on blacklisting. It also reports each inbound RPC over ``max_inbound_rpc_size`` (which
   py-libp2p only logs) to ``on_oversize(peer, claimed size)``.
-- :class:`ReceiptGossipSub` adds read receipts (an IHAVE of an unknown id, answered by an IWANT).
+- :class:`ReceiptGossipSub` adds read receipts (an IHAVE of an unknown id, answered by an IWANT), sends our own
+  messages to our seniors besides the mesh, and keeps room for ours and theirs in a full outbound queue.
 
 :mod:`dgrpo.net.gossip` builds its node from these two.
 """
@@ -205,6 +206,9 @@ class ReceiptGossipSub(GossipSub):
         # Peers our own messages always go to, besides the mesh (gossipsub v1.1's flood publishing, which
         # py-libp2p lacks, limited to the peers the node trusts: :meth:`GossipNode.publish_directly_to`).
         self.publish_to: frozenset[ID] = frozenset()
+        self._protected: frozenset[bytes] = frozenset()
+        self._protected_for: frozenset[ID] | None = None
+        self.yielded = 0  # forwarded messages dropped from a full queue to make room for ours or a senior's
 
     def _get_peers_to_send(
         self, topic_ids: Iterable[str], msg_forwarder: ID, origin: ID, msg_id: bytes | None = None
@@ -226,6 +230,46 @@ class ReceiptGossipSub(GossipSub):
         if rpc.publish:
             self.dropped_to_peer[peer_id.to_base58()] += len(rpc.publish)
         super()._handle_dropped_rpc(peer_id, rpc, reason)
+
+    def _protected_origins(self) -> frozenset[bytes]:
+        """Our own id and ``publish_to``'s (the seniors): whose messages keep their place in a full queue."""
+        if self._protected_for is not self.publish_to:
+            me = (self.pubsub.my_id.to_bytes(),) if self.pubsub is not None else ()
+            self._protected = frozenset((*me, *(p.to_bytes() for p in self.publish_to)))
+            self._protected_for = self.publish_to
+        return self._protected
+
+    def send_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, priority: bool = False) -> None:
+        """py-libp2p's per-peer outbound queue holds 32 RPCs and refuses what comes when it is full, whoever
+        wrote it. Young identities are free: 50 Sybils publishing their rollouts for the coming rounds at once
+        filled every honest node's queues to its honest peers with forwarded junk, and the honest nodes' own
+        rollouts, refused there, missed their peers' rounds (both honest peers in 19-21 of 30 rounds; 29-30 with
+        this: ``benchmarks/sybil.py --fast``). Messages of our own and of our seniors (:attr:`publish_to`) now go
+        ahead of forwarded ones (the queue's priority tier, which py-libp2p uses for control messages), and
+        where the queue is full they take the place of the newest forwarded message of anyone else, which is
+        dropped instead (counted in :attr:`dropped_to_peer`)."""
+        if rpc.publish and self.pubsub is not None:
+            protected = self._protected_origins()
+            if any(m.from_id in protected for m in rpc.publish):
+                queue = self.pubsub.peer_queues.get(peer_id)
+                if queue is not None:
+                    self._make_room(peer_id, queue, protected)
+                priority = True
+        super().send_rpc(peer_id, rpc, priority)
+
+    def _make_room(self, peer_id: ID, queue: Any, protected: frozenset[bytes]) -> None:
+        """Drop the newest queued RPC that carries only others' forwarded messages, if the queue is full."""
+        tiers = getattr(queue, "_queue", None)
+        waiting = getattr(tiers, "_non_priority", None)
+        if tiers is None or waiting is None or len(queue) < tiers.max_size:
+            return
+        for i in range(len(waiting) - 1, -1, -1):
+            queued = waiting[i]
+            if queued.publish and not any(m.from_id in protected for m in queued.publish):
+                del waiting[i]
+                self.dropped_to_peer[peer_id.to_base58()] += len(queued.publish)
+                self.yielded += len(queued.publish)
+                return
 
     def receipt_topics(self, peer: ID) -> list[str]:
         """The topics a read-receipt IHAVE names: ``RECEIPT_TOPIC``, which py-libp2p answers (it answers an IHAVE

@@ -9,32 +9,38 @@ draw happens at round close, after the round's rollouts have arrived, with the n
 (:func:`private_rng`): a publisher cannot know who will use its completions, nor aim at one node. Without a bound
 (``external`` None, the default) every admitted completion is kept: the papers' all-gather.
 
-Rules, in order: each completion of a peer gets the Efraimidis-Spirakis key ``u ** (1 / w)`` (``u`` uniform,
-``w`` its author's seniority weight, :class:`dgrpo.defense.seniority.Seniority`), which samples without
-replacement with probability proportional to ``w``; completions are taken in decreasing key order, skipping one
-whose author already gave ``per_author``, or whose author is young once young authors gave ``young_cap`` (the
-floor of ``young_share * external``), until ``external`` are taken. A node that knows no senior author yet (the
-start of a run: everyone is young) tops up in a second pass, in the same order, from the young authors' skipped
-completions, so that it trains on its peers at all; a node that knows one never does (it then trains on fewer
-than ``external`` when seniors offer too few). **The bound**: whatever the number of young identities, once a
-node knows a senior author they make up at most ``floor(young_share * external)`` of the external completions it
-draws in any round, at most ``per_author`` each.
+The unit drawn is a rollout (an author's answers to one prompt: SAPO's unit, a prompt's group), J and the caps
+count completions. Rules, in order: each peer's rollout gets the Efraimidis-Spirakis key ``u ** (1 / w)`` (``u``
+uniform, ``w`` its author's seniority weight, :class:`dgrpo.defense.seniority.Seniority`), which samples without
+replacement with probability proportional to ``w``; rollouts are taken in decreasing key order, each with as many
+of its completions as the rules leave room for: at most ``per_author`` from one author, at most ``young_cap`` (the
+floor of ``young_share * external``) from young authors together, until ``external`` are taken. Where the room is
+smaller than the rollout, which of its completions are taken is drawn too (an author cannot put first the answers
+it wants trained on). A node that knows no senior author yet (the start of a run: everyone is young) tops up in a
+second pass, in the same order, from the young authors' skipped completions, so that it trains on its peers at
+all; a node that knows one never does (it then trains on fewer than ``external`` when seniors offer too few).
+**The bound**: whatever the number of young identities, once a node knows a senior author they make up at most
+``floor(young_share * external)`` of the external completions it draws in any round, at most ``per_author`` each.
 A drawn completion keeps its rollout's index, so the plan binding and the sampling proof judge it as before.
 
-**Cost.** Keying every offered completion costs O(offered): the draw would grow with the network like the receive
-path. Where many more are offered than drawn (``offered > SCAN_FACTOR * external``) the draw samples instead. The
-admit stage, which touches every message anyway, indexes peers' admitted rollouts by their author's weight
-(:attr:`dgrpo.round.outcome.Admission.by_weight`: at most K + 1 classes); the draw picks a class with probability
-proportional to its weight times its completion slots, a rollout in it and a completion slot uniformly (an empty
-slot is drawn again), and keeps it unless taken already or capped: each kept sample is drawn with probability
-proportional to ``w`` among the eligible completions not yet taken, the same successive sampling without
-replacement as the keys give, in O(J) expected steps. Once young authors gave the cap's worth their classes leave
-the pool, and where the seniors' rollouts left are few they are keyed alone (O(J)): a crowd of young identities
-beside a few seniors costs no more than an honest network. Without the index (a caller that has none) it samples
-a uniform position and keeps it with probability ``w / max_weight``. Where sampling does not finish within
-``16 * external + 64`` tries the remaining draws fall back to the keyed pass over everything offered, so the rules
-and the bound never depend on which path ran. A node that knows no senior samples uncapped: every author is young
-then, and the keyed pass's two passes amount to the top J keys.
+**Why whole rollouts.** Drawn one completion at a time, a large network's J completions come from J rollouts,
+each cut down to one answer (a copy each), and a vertical split's prompt would be trained on as a group of one,
+whose GRPO advantage is zero; a small network's, from a few whole rollouts. Drawing rollouts makes a round at
+N = 100 the same work as at N = 3 (``benchmarks/draw_cost.py``: docs/scale.md) and keeps groups whole.
+
+**Cost.** Keying every offered rollout costs O(offered): the draw would grow with the network like the receive
+path. Where many more completions are offered than drawn (``offered > SCAN_FACTOR * external``) the draw samples
+instead. The admit stage, which touches every message anyway, indexes peers' admitted rollouts by their author's
+weight (:attr:`dgrpo.round.outcome.Admission.by_weight`: at most K + 1 classes); the draw picks a class with
+probability proportional to its weight times its rollouts and a rollout in it uniformly, and takes it unless taken
+already or capped: each kept sample is drawn with probability proportional to ``w`` among the eligible rollouts not
+yet taken, the same successive sampling without replacement as the keys give, in O(J) expected steps. Once young
+authors gave the cap's worth their classes leave the pool, and where the seniors' rollouts left are few they are
+keyed alone (O(J)): a crowd of young identities beside a few seniors costs no more than an honest network. Without
+the index (a caller that has none) it samples a uniform rollout and keeps it with probability ``w / max_weight``.
+Where sampling does not finish within ``16 * external + 64`` tries the remaining draws fall back to the keyed pass
+over everything offered, so the rules and the bound never depend on which path ran. A node that knows no senior
+samples uncapped: every author is young then, and the keyed pass's two passes amount to the top J keys.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ def private_rng(secret: bytes, round_idx: int) -> random.Random:
     return random.Random(int.from_bytes(digest, "big"))
 
 
-SCAN_FACTOR = 4  # key every offered completion when at most this many times J are offered
+SCAN_FACTOR = 4  # key every offered rollout where at most this many times J completions are offered
 
 
 def draw(
@@ -114,7 +120,7 @@ def draw(
         if by_weight is not None:
             state.sample_classes(rng, per, not uncapped, by_weight)
         else:
-            state.sample(me, rng, per, not uncapped, min(1.0, max(max_weight, 1e-9)))
+            state.sample(me, rng, not uncapped, min(1.0, max(max_weight, 1e-9)))
     if state.total < rules.external and not state.settled:
         state.scan(me, rng, top_up)
     kept_at = sorted({*own, *state.taken})  # in the admitted order (by prompt, author, part), as later stages expect
@@ -164,56 +170,58 @@ class _DrawState:
             self._youth[author] = self._young(author)
         return self._youth[author]
 
-    def take(self, j: int, i: int, capped: bool) -> bool:
-        """Take completion ``i`` of rollout ``j`` if the rules allow it."""
+    def take(self, j: int, capped: bool, rng: random.Random) -> bool:
+        """Take rollout ``j``: all of its completions the rules leave room for (a rollout is SAPO's unit, a prompt's
+        group of answers; J, the per-author bound and the young cap still count completions). Where the room is
+        smaller than the rollout, which of its completions are taken is drawn too (``rng``), so that an author
+        cannot choose which of its answers a capped draw keeps. Returns whether anything was taken."""
         author = self.admitted[j].rollout.author
-        taken = self.taken.get(j)
-        if (taken is not None and i in taken) or self.per_author[author] >= self.rules.per_author:
-            return False
+        room = min(self.external - self.total, self.rules.per_author - self.per_author[author])
         is_young = self.young(author)
-        if capped and is_young and self.young_taken >= self.cap:
+        if capped and is_young:
+            room = min(room, self.cap - self.young_taken)
+        taken = self.taken.get(j)
+        n = len(self.admitted[j].rollout.completions)
+        if room <= 0 or (taken is not None and len(taken) >= n):
             return False
-        if taken is None:
-            self.taken[j] = [i]
-        else:
-            taken.append(i)
-        self.per_author[author] += 1
-        self.young_taken += is_young
-        self.total += 1
+        left = list(range(n)) if taken is None else [i for i in range(n) if i not in taken]
+        chosen = left if room >= len(left) else sorted(rng.sample(left, room))
+        self.taken[j] = chosen if taken is None else sorted(taken + chosen)
+        self.per_author[author] += len(chosen)
+        self.young_taken += is_young * len(chosen)
+        self.total += len(chosen)
         return True
 
-    def sample(self, me: str, rng: random.Random, per_rollout: int, capped: bool = True, bound: float = 1.0) -> None:
+    def sample(self, me: str, rng: random.Random, capped: bool = True, bound: float = 1.0) -> None:
         """Rejection sampling: O(J) expected steps when most of what is offered is eligible. ``bound``: no
         weight exceeds it, so keeping with probability ``w / bound`` samples in proportion to ``w`` still."""
         admitted, weights, weight = self.admitted, self._weights, self.weight
-        slots = len(admitted) * per_rollout
+        count = len(admitted)
         uniform = rng.random
         # Per try a few hundred nanoseconds: at the start of a run most samples are rejected by weight (fresh
         # authors 1/(K+1) against the most senior one's bound), so the loop is what grows past N = 3.
         for _ in range(16 * self.external + 64):
             if self.total >= self.external:
                 return
-            # One uniform number picks the rollout and the completion slot in it (cheaper than two randrange).
-            j, i = divmod(min(int(uniform() * slots), slots - 1), per_rollout)
-            rollout = admitted[j].rollout
-            author = rollout.author
-            if author == me or i >= len(rollout.completions):
+            j = min(int(uniform() * count), count - 1)
+            author = admitted[j].rollout.author
+            if author == me:
                 continue
             w = weights.get(author)
             if uniform() * bound >= (weight(author) if w is None else w):
                 continue
-            self.take(j, i, capped)
+            self.take(j, capped, rng)
 
     def sample_classes(
         self, rng: random.Random, per_rollout: int, capped: bool, by_weight: Mapping[float, Sequence[int]]
     ) -> None:
-        """Sampling by weight class: a class with probability proportional to its weight times its completion
-        slots, a slot in it uniformly (an empty slot, past a rollout's completions, is drawn again), so every
-        peer's completion comes with probability proportional to its author's weight, as in :meth:`sample`,
-        without rejections by weight. Once young authors gave the cap's worth, their classes (weight below 1:
-        not yet ``young_rounds`` rounds) leave the pool: a crowd of young identities costs no tries then."""
+        """Sampling by weight class: a class with probability proportional to its weight times its rollouts, a
+        rollout in it uniformly, so every peer's rollout comes with probability proportional to its author's
+        weight, as in :meth:`sample`, without rejections by weight. Once young authors gave the cap's worth, their
+        classes (weight below 1: not yet ``young_rounds`` rounds) leave the pool: a crowd of young identities
+        costs no tries then. ``per_rollout``: the most completions a rollout holds (sizes the seniors left)."""
         pools = [(min(max(w, 1e-9), 1.0), positions) for w, positions in sorted(by_weight.items()) if positions]
-        admitted, uniform = self.admitted, rng.random
+        uniform = rng.random
         cumulative = list(itertools.accumulate(w * len(positions) for w, positions in pools))
         young_closed = False
         for _ in range(16 * self.external + 64):
@@ -231,33 +239,27 @@ class _DrawState:
                     self.settled = True
                     return
                 cumulative = list(itertools.accumulate(w * len(positions) for w, positions in pools))
-            # a class in proportion to its total weight (at most K + 1 classes), then a slot in it uniformly
+            # a class in proportion to its total weight (at most K + 1 classes), then a rollout in it uniformly
             c = min(bisect.bisect_right(cumulative, uniform() * cumulative[-1]), len(pools) - 1)
             positions = pools[c][1]
-            j = positions[min(int(uniform() * len(positions)), len(positions) - 1)]
-            i = min(int(uniform() * per_rollout), per_rollout - 1)
-            if i < len(admitted[j].rollout.completions):
-                self.take(j, i, capped)
+            self.take(positions[min(int(uniform() * len(positions)), len(positions) - 1)], capped, rng)
 
     def scan(self, me: str, rng: random.Random, top_up: bool, positions: Sequence[int] | None = None) -> None:
-        """Key every offered completion (Efraimidis-Spirakis) and take them in decreasing key order; with
-        ``positions``, only those rollouts' (peers' ones)."""
+        """Key every offered rollout (Efraimidis-Spirakis) and take them in decreasing key order; with
+        ``positions``, only those rollouts (peers' ones)."""
         keyed = []
         for j in range(len(self.admitted)) if positions is None else positions:  # in the admitted order
-            a = self.admitted[j]
-            if a.rollout.author == me:
-                continue
-            w = self.weight(a.rollout.author)
-            for i in range(len(a.rollout.completions)):
-                keyed.append((rng.random() ** (1.0 / w), j, i))
+            author = self.admitted[j].rollout.author
+            if author != me:
+                keyed.append((rng.random() ** (1.0 / self.weight(author)), j))
         keyed.sort(key=lambda t: -t[0])
         # The second pass tops up with young authors' completions where seniors gave too few; only for a node
         # that knows no senior author yet (``top_up``): once it has one, young authors never exceed the cap.
         for capped in (True, False) if top_up else (True,):
-            for _, j, i in keyed:
+            for _, j in keyed:
                 if self.total >= self.external:
                     return
-                self.take(j, i, capped)
+                self.take(j, capped, rng)
 
 
 def _subset(a: Admitted, positions: list[int]) -> Admitted:
