@@ -12,6 +12,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from dgrpo.net.gossip import GossipConfig, GossipNode
+from dgrpo.net.queue_watch import QueueWatch
 
 FAST_DIAL = {"bootstrap_backoff_initial": 0.05, "bootstrap_backoff_max": 0.2, "shutdown_flush_timeout": 1.0}
 
@@ -47,7 +48,8 @@ def test_publish_stops_waiting_for_a_peer_whose_queue_does_not_move() -> None:
     node = GossipNode.__new__(GossipNode)
     node.config = GossipConfig(stuck_after=0.3, pacing_timeout=5.0)
     node._pubsub = types.SimpleNamespace(peer_queues=queues, peers={frozen: None, slow: None})
-    node._queue_watch, node._stuck, node._counts = {}, set(), Counter()
+    node._queue_watch = QueueWatch(node.config.max_outbound_queue, node.config.stuck_after)
+    node._counts = Counter()
 
     async def main() -> tuple[float, float]:
         t0 = trio.current_time()
@@ -70,7 +72,7 @@ def test_publish_stops_waiting_for_a_peer_whose_queue_does_not_move() -> None:
     first, second = trio.run(main)
     assert 0.3 <= first < 1.0, first  # not pacing_timeout (5 s)
     assert node.stuck_peers() == {frozen.to_base58()}
-    assert node._counts["stuck_peers"] == 1 and node._counts["pacing_timeouts"] == 0
+    assert node._queue_watch.stuck_count == 1 and node._counts["pacing_timeouts"] == 0
     assert second >= 0.5, second  # waited until the slow peer's queue was short (12 x 0.05 s)
     assert queues[slow].length <= node.config.max_outbound_queue
 

@@ -51,6 +51,7 @@ from dgrpo.net.host import noise_only as noise_only  # re-exported
 from dgrpo.net.host import queue_idle, resource_manager, trim_router_state
 from dgrpo.net.own_dialers import ROUTER_OPTIONS, disable_auto_connector
 from dgrpo.net.pubsub import DeliveringPubsub, ReceiptGossipSub
+from dgrpo.net.queue_watch import QueueWatch
 from dgrpo.net.stream_watch import StreamWatch
 from dgrpo.net.streams import Stream, StreamError, StreamHandler, serve
 from dgrpo.net.traversal import Traversal
@@ -172,8 +173,7 @@ class GossipNode:
         # peer -> (queue length last seen, time it last moved or was short): a queue that stays long without
         # moving belongs to a frozen or stalled peer, and publish must not wait on it (one peer must never
         # set everyone's pace: a SIGSTOPped peer made every honest round wait pacing_timeout).
-        self._queue_watch: dict[str, tuple[int, float]] = {}
-        self._stuck: set[str] = set()
+        self._queue_watch = QueueWatch(config.max_outbound_queue, config.stuck_after)
         self._stream_watch = StreamWatch(config.dead_stream_after)
 
     @classmethod
@@ -254,6 +254,7 @@ class GossipNode:
 
     def statistics(self) -> GossipStatistics:
         counts = {f.name: self._counts[f.name] for f in fields(GossipStatistics)}
+        counts["stuck_peers"] = self._queue_watch.stuck_count
         dropped = sum(self._router.dropped_to_peer.values())
         refused = sum(self._pubsub.refused_blacklisted.values())
         return GossipStatistics(
@@ -273,7 +274,7 @@ class GossipNode:
 
     def stuck_peers(self) -> set[str]:
         """Peers publish currently does not wait for (their queue has not moved for ``stuck_after`` s)."""
-        return set(self._stuck)  # a copy: the status server reads it from its own thread
+        return set(self._queue_watch.stuck)  # a copy: the status server reads it from its own thread
 
     def rejections_by_peer(self) -> dict[str, dict[str, int]]:
         """Rejections decided by the gossip layer itself (``TRANSPORT_REASONS``), by peer then reason (a copy)."""
@@ -456,39 +457,12 @@ class GossipNode:
 
     def _watch_queues(self) -> dict[str, int]:
         """The lengths of the live queues publish waits for, updating which peers are stuck."""
-        now = time.monotonic()
-        waiting: dict[str, int] = {}
         live = {
-            peer.to_base58(): queue for peer, queue in self._pubsub.peer_queues.items() if peer in self._pubsub.peers
+            peer.to_base58(): len(queue)
+            for peer, queue in self._pubsub.peer_queues.items()
+            if peer in self._pubsub.peers
         }
-        for peer in set(self._queue_watch) - set(live):
-            del self._queue_watch[peer]
-            self._stuck.discard(peer)
-        for peer, queue in live.items():
-            length = len(queue)
-            seen, since = self._queue_watch.get(peer, (-1, now))
-            # Only a shrinking (or short) queue shows the peer reads: ours grows it, and a frozen peer's queue
-            # grows to py-libp2p's 32 and stays there.
-            if length < seen or length <= self.config.max_outbound_queue:
-                since = now
-            self._queue_watch[peer] = (length, since)
-            if now - since > self.config.stuck_after:
-                if peer not in self._stuck:
-                    self._stuck.add(peer)
-                    self._counts["stuck_peers"] += 1
-                    logger.warning(
-                        "%s's outbound queue has not moved for %s s (%d RPCs): not waiting for it; what does not "
-                        "fit is dropped to it and counted",
-                        peer,
-                        self.config.stuck_after,
-                        length,
-                    )
-                continue
-            if peer in self._stuck:
-                self._stuck.discard(peer)
-                logger.info("%s's outbound queue moves again", peer)
-            waiting[peer] = length
-        return waiting
+        return self._queue_watch.update(live, time.monotonic())
 
     async def _flush(self, timeout: float) -> None:
         """Wait until our outbound queues are empty, then until every peer has read what we sent."""
