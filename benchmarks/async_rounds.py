@@ -85,7 +85,7 @@ def final_accuracy(nodes: list[NetNode], steps: int, prompts: int) -> tuple[floa
 
 def measure(nodes: list[NetNode], steps: int) -> dict[str, Any]:
     straggler = nodes[2].peer_id
-    rates, shares = [], []
+    rates, shares, batches, filled = [], [], [], []
     ages: Counter[int] = Counter()
     for nd in nodes[:2]:
         rows = rounds_log(nd)[:steps]
@@ -94,12 +94,17 @@ def measure(nodes: list[NetNode], steps: int) -> dict[str, Any]:
         for row in rows:
             by_author.update(row.get("completions_by_author", {}))
             ages.update({int(k): v for k, v in row.get("staleness", {}).items()})
+            batches.append(sum(row.get("completions_by_author", {}).values()))
+            filled.append(row.get("filled", 0))
         total = sum(by_author.values())
         shares.append(by_author[straggler] / total if total else 0.0)
     return {
         "steps_per_minute": round(statistics.fmean(rates), 2),
         "straggler_share": round(statistics.fmean(shares), 3),
         "staleness": dict(sorted(ages.items())),
+        # completions trained on per step (own, filled included), and those of them filled (rollout.async_fill)
+        "completions_per_step": round(statistics.fmean(batches), 1),
+        "filled_per_step": round(statistics.fmean(filled), 1),
     }
 
 

@@ -18,6 +18,7 @@ from dgrpo.protocol.messages import Rollout, SamplingParams
 from dgrpo.round.admit import Admitter
 from dgrpo.round.binding import RoundPlan
 from dgrpo.round.defend import defend
+from dgrpo.round.fill import FillTracker
 from dgrpo.round.generate import generate
 from dgrpo.round.receive import RoundInbox
 from dgrpo.tasks.arith import ArithTask
@@ -248,3 +249,34 @@ def test_an_async_node_ahead_of_the_network_waits_for_half_of_it_never_for_a_str
     peers.update(a=3, b=4)  # far behind, and stays so: the wait ends at the deadline
     trio.run(daemon._keep_pace)
     assert daemon.paced_steps == 2 and daemon.paced_seconds > 3.0
+
+
+def test_the_fill_tracker_counts_what_a_step_lacks_against_a_full_one() -> None:
+    # share 16 a peer and round. Two peers on time (bunched: a's two rounds, then none), then a straggler z heard
+    # once: a full step is 16 from every peer heard in the window (3 steps here), whatever arrived in one step.
+    tracker = FillTracker(window=3)
+    steps = [{"a": 16, "b": 16}, {"a": 32, "b": 16}, {"b": 16}, {"a": 16, "z": 16}, {"a": 16}, {"a": 16}, {"a": 16}]
+    assert [tracker.deficit(d, 16) for d in steps] == [0, 0, 16, 16, 32, 16, 0]
+    # the 5th: a, b and z heard in the last 3 steps (48), 16 came; the 7th: only a left in the window
+    assert FillTracker().deficit({}, 16) == 0  # a node that hears nobody fills nothing: it has no peers to stand in for
+
+
+def test_a_filled_step_trains_on_new_own_completions_past_the_published_ones(learner: Learner) -> None:
+    """The fill writes the deficit (rounded up to whole prompts) as the node's own for the step's prompts, at
+    indices past its published share and with seeds of their own (new samples, not copies); consume trains on
+    them with the rest (they are the node's own: the draw always keeps them) and never admits them."""
+    from dgrpo.round.node import Node
+
+    node = Node("me", RUN, TASK, learner, CFG, SP)
+    own = node.produce(4)
+    local = node.fill(4, 3)  # 3 over 2 prompts: 2 each
+    assert [a.rollout.indices for a in local] == [(2, 3), (2, 3)]
+    assert [a.prompt.id for a in local] == [r.prompt_id for r in own]
+    assert all(a.rollout.author == "me" and a.rollout.round == 4 for a in local)
+    seeded = generate(TASK, learner, CFG.model_copy(update={"completions_per_prompt": 4}), SP, RUN, "me", 4)
+    assert [a.rollout.completions for a in local] == [r.completions[2:] for r in seeded]  # the seeded sampler's
+    outcome = node.consume(4, own, local)
+    assert outcome.filled == 4
+    assert len(outcome.scoring.scored) == 8  # 4 published + 4 filled, every one the node's own
+    assert outcome.admission.messages == 2  # only the published rollouts went through admission
+    assert node.fill(5, 0) == []

@@ -83,3 +83,13 @@ class RolloutConfig(Section):
             "nodes 1.2 points more on the straggler benchmark (docs/scale.md)",
         ),
     ] = None
+    async_fill: Annotated[
+        bool,
+        Field(
+            description="async mode: where peers delivered fewer completions this step than a full step's (a "
+            "round's share from every peer heard in the last 10 steps), generate that many more of the node's own "
+            "for the step's prompts and train on them too "
+            "(never published: the plan binds what a node publishes); keeps the batch full beside a straggler "
+            "(AReaL's fixed batch; docs/scale.md)",
+        ),
+    ] = False

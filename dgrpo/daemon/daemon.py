@@ -45,6 +45,7 @@ from dgrpo.protocol.replay import ReplayGuard
 from dgrpo.protocol.validator import MessageValidator
 from dgrpo.round.admit import AdmissionStatistics
 from dgrpo.round.build import build_node
+from dgrpo.round.fill import FillTracker
 from dgrpo.round.observer import RoundObserver, notify
 from dgrpo.round.outcome import RoundOutcome
 from dgrpo.round.receive import RoundInbox
@@ -111,6 +112,8 @@ class Daemon(Membership):
         self.inbox = RoundInbox(
             self.node.admitter, staleness=settings.rollout.max_staleness if self.asynchronous else 0
         )
+        # Async mode's local batch fill (rollout.async_fill): how full a step's peers' share is, recently.
+        self.fill = FillTracker() if self.asynchronous and settings.rollout.async_fill else None
         self.node.admitter.on_evidence = self._arrival_evidence
         self.arrival_evidence: Counter[str] = Counter()  # per peer: rollouts beyond its quota (a flood)
         self.round = 0  # the round in progress (or next to run)
@@ -371,7 +374,7 @@ class Daemon(Membership):
             if s.announce_rounds:  # a heartbeat at every round start: peers see our progress within the round
                 self._announce.set()
             if self.asynchronous:  # never waits: a late peer's rollouts count in the step where they arrive
-                outcome = await run_step(self.node, self.transport, self.inbox, r, self.limiter, s.slowdown)
+                outcome = await run_step(self.node, self.transport, self.inbox, r, self.limiter, s.slowdown, self.fill)
                 await self._finish_round(outcome)
                 continue
             expected = self.expected_peers(r)

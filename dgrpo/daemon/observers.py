@@ -126,6 +126,7 @@ def round_line(o: RoundOutcome) -> dict[str, Any]:
         else {"offered": o.drawn.offered, "drawn": o.drawn.drawn, "young": o.drawn.young_drawn, "full": o.drawn.full},
         # Async mode: peers' completions trained on, by how many rounds old they were ({} in sync mode).
         "staleness": {str(age): n for age, n in o.staleness.items()},
+        "filled": o.filled,
     }
 
 
@@ -150,6 +151,7 @@ def outcome_json(o: RoundOutcome) -> dict[str, Any]:
         else {"offered": o.drawn.offered, "drawn": o.drawn.drawn, "young": o.drawn.young_drawn, "full": o.drawn.full},
         # Async mode: peers' completions trained on, by how many rounds old they were ({} in sync mode).
         "staleness": {str(age): n for age, n in o.staleness.items()},
+        "filled": o.filled,
     }
 
 

@@ -16,6 +16,7 @@ import hashlib
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dgrpo.adversary.base import Adversary
 from dgrpo.config import RolloutConfig
@@ -31,9 +32,10 @@ from dgrpo.round.advantages import advantages
 from dgrpo.round.binding import RoundPlan
 from dgrpo.round.defend import defend
 from dgrpo.round.draw import DrawRules, draw, private_rng
+from dgrpo.round.fill import fill
 from dgrpo.round.generate import generate, plan
 from dgrpo.round.group_memory import GroupMemory
-from dgrpo.round.outcome import Produced, RoundOutcome, StageCpu
+from dgrpo.round.outcome import Admitted, Produced, RoundOutcome, StageCpu
 from dgrpo.round.score import score
 from dgrpo.round.update import update
 from dgrpo.tasks.base import Prompt, Task
@@ -108,14 +110,27 @@ class Node:
         return rollouts
 
     # ------------------------------------------------------------------ the rest of the round
-    def consume(self, round_idx: int, rollouts: Sequence[Rollout]) -> RoundOutcome:
+    def fill(self, round_idx: int, deficit: int) -> list[Admitted]:
+        """Async mode's local batch fill (:mod:`dgrpo.round.fill`): ``deficit`` more own completions for this
+        round's prompts, with the weights of this round (call after :meth:`produce`)."""
+        return fill(
+            self.task, self.learner, self.rollout, self.sampling, self.run_id, self.peer_id, round_idx, deficit,
+            self.weights,
+        )  # fmt: skip
+
+    def consume(self, round_idx: int, rollouts: Sequence[Rollout], local: Sequence[Admitted] = ()) -> RoundOutcome:
         """Admit the round's rollouts (ours and the received ones), defend, score every kept completion
-        ourselves, compute group advantages and update the model."""
+        ourselves, compute group advantages and update the model. ``local``: own completions generated to fill
+        the step (:meth:`fill`), trained on with the rest and never published, so never admitted."""
         t0, c0 = time.perf_counter(), time.thread_time()
         # Async mode (docs/scale.md): this step also admits peers' rollouts of the S rounds before it, each
         # against its own round's plan; older ones never reach here (the receive stage dropped them).
         staleness = self.rollout.max_staleness if self.rollout.mode == "async" else 0
         admission = self.admitter.admit(rollouts, round_idx, self.blacklisted, staleness)
+        if local:  # ours, as the own positions the draw always keeps
+            first = len(admission.admitted)
+            own = (*admission.own, *range(first, first + len(local)))
+            admission = replace(admission, admitted=(*admission.admitted, *local), own=own)
         c_admit = time.thread_time()
         if not self.weights:  # a round consumed without producing (tests, a node that only listens)
             self.weights = self.learner.weights_digest()
@@ -169,6 +184,7 @@ class Node:
             # other nodes in the process): what grows with the network and what is bounded by J (issue 24).
             cpu=StageCpu(admit=c_admit - c0, draw=c1 - c_admit, defend=c2 - c1, score=c3 - c2, update=c4 - c3),
             staleness=dict(sorted(ages.items())) if staleness else {},
+            filled=sum(len(a.rollout.completions) for a in local),
         )
 
     # ------------------------------------------------------------------ evaluate

@@ -168,6 +168,8 @@ class RoundOutcome:
     cpu: StageCpu = field(default_factory=StageCpu)
     # Async mode: peers' completions trained on, by staleness (this step's round minus the rollout's round).
     staleness: Mapping[int, int] = field(default_factory=dict)
+    # Async mode with rollout.async_fill: the node's own completions generated to fill the step (never published).
+    filled: int = 0
 
     @property
     def completions_trained(self) -> int:

@@ -8,6 +8,7 @@ network, never stalls (shared notes on py-libp2p: a 2 s computation in the loop 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TypeVar
@@ -15,8 +16,9 @@ from typing import TypeVar
 import trio
 
 from dgrpo.net.transport import Transport
+from dgrpo.round.fill import FillTracker
 from dgrpo.round.node import Node
-from dgrpo.round.outcome import RoundOutcome
+from dgrpo.round.outcome import Admitted, RoundOutcome
 from dgrpo.round.receive import RoundInbox
 
 _T = TypeVar("_T")
@@ -66,19 +68,30 @@ async def run_step(
     round_idx: int,
     limiter: trio.CapacityLimiter | None = None,
     slowdown: float = 1.0,
+    fill: FillTracker | None = None,
 ) -> RoundOutcome:
     """One step of async mode (``rollout.mode = "async"``): generate and publish, then train at once on our own
     completions and every peer's complete rollouts of rounds ``round_idx - S .. round_idx`` that have arrived
     (:meth:`RoundInbox.drain`); nothing is waited for. A late peer's rollouts count in the step where they
-    arrive, as long as they are at most S rounds old."""
+    arrive, as long as they are at most S rounds old. ``fill`` (``rollout.async_fill``): where peers delivered
+    fewer completions than in a full recent step, the node generates the difference itself (:mod:`dgrpo.round.fill`)."""
     t0 = time.perf_counter()
     inbox.open(round_idx)  # drops what is older than the window, counted as closed_round
     own = await _timed(node.produce, round_idx, limiter=limiter, slowdown=slowdown)
     for rollout in own:
         await transport.publish(rollout)
     received = inbox.drain(round_idx, node.rollout.async_rounds_per_peer)
+    local: list[Admitted] = []
+    if fill is not None:  # rollout.async_fill: a step short of its peers' completions fills up with our own
+        delivered: Counter[str] = Counter()
+        for r in received:
+            delivered[r.author] += len(r.completions)
+        share = node.rollout.prompts_per_round * node.rollout.completions_per_prompt
+        deficit = fill.deficit(delivered, share)
+        if deficit > 0:
+            local = await _timed(node.fill, round_idx, deficit, limiter=limiter, slowdown=slowdown)
     with trio.CancelScope(shield=True):
-        outcome = await _timed(node.consume, round_idx, [*own, *received], limiter=limiter, slowdown=slowdown)
+        outcome = await _timed(node.consume, round_idx, [*own, *received], local, limiter=limiter, slowdown=slowdown)
     return replace(outcome, round_seconds=time.perf_counter() - t0)
 
 
