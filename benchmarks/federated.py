@@ -55,6 +55,14 @@ ROWS: list[tuple[str, str, list[str]]] = [
         "fed-avg",
         [*DENSE_FED_GRPO, "federated.weights.temperature=0.5", "federated.partition=arith-digits"],
     ),
+    # A federation whose learning signals really differ (issue 25): each client one difficulty level (operand
+    # lengths 2+2, 2+3, then 3+3 for the rest; the tiny model solves about 2%, 28%, 55% of them) and the last
+    # client's data noisy (75% of its prompts carry another prompt's answer): docs/federated.md.
+    ("centralized (skewed)", "fed-centralized-skewed", []),
+    ("FedAvg (skewed)", "fed-avg-skewed", []),
+    ("FGRPO (skewed)", "fgrpo-skewed", []),
+    ("dense Fed-GRPO (skewed)", "fed-avg-skewed", DENSE_FED_GRPO),
+    ("Fed-GRPO (skewed)", "fed-grpo-skewed", []),
     ("std attack: undefended", "fed-std-attack", []),
     ("std attack: stats bounded", "fed-std-attack", ["federated.defense.bound_stats=true"]),
     (

@@ -19,12 +19,12 @@ import pytest
 import trio
 import trio.testing
 
-from dgrpo.daemon.fed_exchange import UpdateExchange, updates_complete
 from dgrpo.daemon.federated import FederatedDaemon
 from dgrpo.daemon.settings import load_node_settings
 from dgrpo.federated.encoding import encode
 from dgrpo.net.gossip import drained
 from dgrpo.net.p2p import PeerInfo
+from dgrpo.net.updates import UpdateExchange, updates_complete
 from dgrpo.protocol.chunks import Reassembler
 from dgrpo.protocol.envelope import decode
 from dgrpo.protocol.identity import Identity

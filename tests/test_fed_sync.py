@@ -17,7 +17,10 @@ import torch
 import trio
 import trio.testing
 
-from dgrpo.daemon.fed_sync import (
+from dgrpo.federated.client import GlobalStats
+from dgrpo.federated.params import digest
+from dgrpo.net.gossip import GossipConfig, GossipNode
+from dgrpo.net.state_sync import (
     Choice,
     GlobalState,
     Snapshot,
@@ -29,9 +32,6 @@ from dgrpo.daemon.fed_sync import (
     named_aggregator,
     weights_bytes,
 )
-from dgrpo.federated.client import GlobalStats
-from dgrpo.federated.params import digest
-from dgrpo.net.gossip import GossipConfig, GossipNode
 from dgrpo.net.streams import Stream, StreamError
 from dgrpo.protocol.identity import Identity
 from dgrpo.protocol.sync import (
@@ -266,7 +266,7 @@ def test_a_repeated_rejection_is_counted_each_time_and_logged_once(caplog: pytes
         for _ in range(3):  # a joiner polls an unreachable source every POLL_SECONDS
             assert await c.head(BOB.peer_id) is None
 
-    with caplog.at_level(logging.DEBUG, logger="dgrpo.daemon"):
+    with caplog.at_level(logging.DEBUG, logger="dgrpo.net"):
         run(test)
     assert counts.seen == [("sync_unavailable", BOB.peer_id)] * 3
     levels = [r.levelno for r in caplog.records if "state sync from" in r.getMessage()]

@@ -97,7 +97,7 @@ def test_cli_modes(tmp_path: Path) -> None:
 
 
 def test_state_sync_serves_and_takes_over_the_global_state(tmp_path: Path) -> None:
-    from dgrpo.daemon.fed_sync import GlobalState
+    from dgrpo.net.state_sync import GlobalState
     from dgrpo.protocol.sync import decode_header
 
     sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='star'")
@@ -130,8 +130,8 @@ def test_state_sync_serves_and_takes_over_the_global_state(tmp_path: Path) -> No
 
 
 def test_a_diverged_node_takes_the_state_over_and_says_so(tmp_path: Path) -> None:
-    from dgrpo.daemon.fed_sync import GlobalState
     from dgrpo.federated.sparse import ErrorFeedback
+    from dgrpo.net.state_sync import GlobalState
 
     sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='decentralised'")
     d = FederatedDaemon(load_node_settings(None, sets))

@@ -14,7 +14,7 @@ from dgrpo.config import RunConfig
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.errors import ConfigError
 from dgrpo.federated.client import FedClient, GlobalStats, Submission
-from dgrpo.federated.partition import carries, partition
+from dgrpo.federated.partition import carries, client_level, client_prompts, partition
 from dgrpo.federated.server import Aggregator
 from dgrpo.federated.sparse import top_k
 from dgrpo.federated.stats import ClientStats
@@ -22,6 +22,7 @@ from dgrpo.learner.learner import Learner
 from dgrpo.simulations.runner import run_simulation
 from dgrpo.simulations.scenario import build_scenario, load_scenario
 from dgrpo.tasks import get_task
+from dgrpo.tasks.arith import scratchpad
 
 SMALL: dict[str, Any] = {
     "clients": 3,
@@ -55,6 +56,39 @@ def test_partition_is_disjoint_and_ordered_by_difficulty() -> None:
         assert max(easier) <= min(harder)
     assert max(hardness[-1]) > min(hardness[0])  # non-IID: the blocks differ
     assert carries(999, 1) == 3 and carries(123, 456) == 0
+
+
+def test_levelled_partition_gives_each_client_one_level() -> None:
+    """arith-levels: operand lengths 2+2, 2+3 (or 3+2), 3+3; client i holds level min(i, 2), the clients of the
+    last level share its prompts out; the same run id gives the same split, another run id another."""
+    task = get_task("arith")
+    parts = partition(task, "arith-levels", 5, 40, "run")
+    lengths = [{len(str(p.meta["a"])) + len(str(p.meta["b"])) for p in part} for part in parts]
+    assert lengths == [{4}, {5}, {6}, {6}, {6}]
+    ids = [p.id for part in parts for p in part]
+    assert [len(p) for p in parts] == [40] * 5 and len(set(ids)) == 200
+    assert [p.id for p in partition(task, "arith-levels", 5, 40, "run")[0]] == [p.id for p in parts[0]]
+    assert [p.id for p in partition(task, "arith-levels", 5, 40, "other")[0]] != [p.id for p in parts[0]]
+    assert [client_level(i, 3) for i in range(5)] == [0, 1, 2, 2, 2]
+
+
+def test_label_noise_swaps_the_answers_of_a_fraction_of_the_noisy_clients_prompts() -> None:
+    task = get_task("arith")
+    parts = client_prompts(task, "arith-levels", 3, 200, "run", noisy_clients=1, label_noise=0.75)
+    clean, noisy = parts[1], parts[2]
+    assert all(p.answer == str(p.meta["a"] + p.meta["b"]) for part in parts[:2] for p in part)
+    marked = [p for p in noisy if p.meta.get("noisy_label")]
+    assert len(marked) == 150  # 75% of 200
+    wrong = [p for p in marked if p.answer != str(p.meta["a"] + p.meta["b"])]
+    assert len(wrong) >= 145  # another prompt's answer: wrong unless two sums happen to be equal
+    assert sorted(p.answer for p in marked) == sorted(str(p.meta["a"] + p.meta["b"]) for p in marked)  # a rotation
+    assert [p.id for p in noisy] == [p.id for p in partition(task, "arith-levels", 3, 200, "run")[2]]
+    a, b, noisy_answer = marked[0].meta["a"], marked[0].meta["b"], marked[0].answer
+    steps = scratchpad(a, b).rpartition(">")[0]
+    assert len(clean) == 200 and task.reward(marked[0], f"{steps}>{noisy_answer}") == 1.0  # what the reward reads
+    assert noisy_answer == str(a + b) or task.reward(marked[0], scratchpad(a, b)) == 0.0
+    with pytest.raises(ValueError, match="noisy_clients"):
+        FederatedConfig(clients=2, noisy_clients=2)
 
 
 def test_gsm8k_partition_by_solution_steps(tmp_path: Path) -> None:

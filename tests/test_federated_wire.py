@@ -11,11 +11,11 @@ import pytest
 import torch
 import trio
 
-from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of
 from dgrpo.federated.client import GlobalStats
 from dgrpo.federated.encoding import encode
 from dgrpo.federated.sparse import SparseUpdate, top_k
 from dgrpo.federated.stats import ClientStats
+from dgrpo.net.updates import UpdateExchange, sparse_of
 from dgrpo.protocol.chunks import Reassembler, global_chunks, split_payload, update_chunks
 from dgrpo.protocol.envelope import Envelope, ProtocolError, Signer, decode
 from dgrpo.protocol.identity import Identity

@@ -108,8 +108,18 @@ class FederatedConfig(Section):
     completions_per_prompt: Annotated[int, Field(ge=2, description="G: completions per prompt (one group)")] = 8
     partition: Annotated[
         str,
-        Field(description="how prompts are split across clients: iid, arith-carries, arith-digits, gsm8k-steps"),
+        Field(
+            description="how prompts are split across clients: iid, arith-carries, arith-digits, gsm8k-steps "
+            "(one pool cut by a difficulty key), arith-levels (each client one difficulty level)"
+        ),
     ] = "arith-carries"
+    noisy_clients: Annotated[
+        int, Field(ge=0, description="the last this many clients hold noisy data (label_noise of their prompts)")
+    ] = 0
+    label_noise: Annotated[
+        float,
+        Field(ge=0.0, le=1.0, description="fraction of a noisy client's prompts carrying another's reference answer"),
+    ] = 0.5
     weighting: Annotated[Weighting, Field(description="samples (FedAvg), signal, relative-gain, uniform")] = "samples"
     weights: WeightsConfig = WeightsConfig()
     aggregator: Annotated[
@@ -125,6 +135,12 @@ class FederatedConfig(Section):
         Topology,
         Field(description="daemons: star (one aggregator) or decentralised (every node aggregates)"),
     ] = "star"
+
+    @model_validator(mode="after")
+    def _noisy_fewer(self) -> FederatedConfig:
+        if self.noisy_clients >= self.clients:
+            raise ValueError(f"noisy_clients ({self.noisy_clients}) must leave a clean client of {self.clients}")
+        return self
 
     @model_validator(mode="after")
     def _honest_majority(self) -> FederatedConfig:

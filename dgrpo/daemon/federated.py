@@ -2,7 +2,7 @@
 
 Every round: load the global weights into the learner, take the client's local GRPO steps on its own
 partition of the prompts (:class:`dgrpo.federated.client.FedClient`), publish the (sparse, error-fed) update
-and its reward statistics as signed chunks (:mod:`dgrpo.daemon.fed_exchange`), then
+and its reward statistics as signed chunks (:mod:`dgrpo.net.updates`), then
 
 - **star**: the aggregator (``federation.aggregator``, default the lowest peer id present at the first round)
   collects the round's submissions until every expected peer's has arrived or ``rounds.deadline_seconds``
@@ -17,7 +17,7 @@ learner's weights are reset to them at the start of each round); checkpoints kee
 optimizer, the error-feedback residual, the aggregator's history and the global statistics.
 
 A node that joins a federation under way fetches the global state of the round in progress from its peers
-before its first round (:mod:`dgrpo.daemon.fed_sync`), and serves its own, as of its last completed round, to
+before its first round (:mod:`dgrpo.net.state_sync`), and serves its own, as of its last completed round, to
 later joiners.
 """
 
@@ -35,16 +35,6 @@ import trio
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
 from dgrpo.daemon.daemon import Daemon
-from dgrpo.daemon.fed_exchange import UpdateExchange, sparse_of, updates_complete
-from dgrpo.daemon.fed_sync import (
-    MAX_SOURCES,
-    GlobalState,
-    SyncClient,
-    SyncServer,
-    fetch_global_state,
-    make_snapshot,
-    named_aggregator,
-)
 from dgrpo.daemon.identity import check_resume
 from dgrpo.daemon.membership import lower_median
 from dgrpo.daemon.settings import NodeSettings
@@ -54,10 +44,20 @@ from dgrpo.federated.attacks import build_attack
 from dgrpo.federated.client import FedClient, GlobalStats, Submission
 from dgrpo.federated.encoding import decode, encode
 from dgrpo.federated.params import assign_parameters, digest, flat_parameters
-from dgrpo.federated.partition import partition
+from dgrpo.federated.partition import client_prompts
 from dgrpo.federated.server import Aggregator
 from dgrpo.federated.sparse import ErrorFeedback
+from dgrpo.net.state_sync import (
+    MAX_SOURCES,
+    GlobalState,
+    SyncClient,
+    SyncServer,
+    fetch_global_state,
+    make_snapshot,
+    named_aggregator,
+)
 from dgrpo.net.streams import Stream
+from dgrpo.net.updates import UpdateExchange, sparse_of, updates_complete
 from dgrpo.protocol.chunks import Reassembler
 from dgrpo.protocol.sync import sync_protocol
 from dgrpo.round.admit import AdmissionStatistics
@@ -293,7 +293,9 @@ class FederatedDaemon(Daemon):
         self.exchange.aggregator = self.aggregator_id if self.topology == "star" else None
         cfg, s = self.cfg, self.settings
         task = self.node.task
-        prompts = partition(task, cfg.partition, cfg.clients, cfg.prompts_per_client, s.run_id)
+        prompts = client_prompts(
+            task, cfg.partition, cfg.clients, cfg.prompts_per_client, s.run_id, cfg.noisy_clients, cfg.label_noise
+        )
         attack = None
         if cfg.attack is not None and self.client_index >= cfg.clients - cfg.attack.clients:
             attack = build_attack(cfg.attack.name, cfg.attack.options)

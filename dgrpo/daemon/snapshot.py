@@ -4,14 +4,54 @@ peer, the network's view, the manifest, the defense), built from the daemon's pa
 from __future__ import annotations
 
 import os
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from dgrpo.daemon.observers import outcome_json
+from dgrpo.daemon.manifest_exchange import ManifestService
+from dgrpo.daemon.monitor import PoisonMonitor
+from dgrpo.daemon.observers import MetricsObserver, NodeCounters, outcome_json
+from dgrpo.daemon.settings import NodeSettings
+from dgrpo.defense.reputation import Reputation
+from dgrpo.learner.learner import Learner
+from dgrpo.net.gossip import GossipNode
+from dgrpo.net.p2p import Libp2pTransport
+from dgrpo.net.transport import TransportStatistics
+from dgrpo.round.admit import AdmissionStatistics
+from dgrpo.round.node import Node
 
-if TYPE_CHECKING:
-    from dgrpo.daemon.daemon import Daemon
+
+class Observed(Protocol):
+    """What ``/status`` reads of a daemon (:class:`dgrpo.daemon.daemon.Daemon` has it all)."""
+
+    peer_id: str
+    settings: NodeSettings
+    state: str
+    round: int
+    rounds_done: int
+    transport: Libp2pTransport | None
+    gossip: GossipNode | None
+    counters: NodeCounters
+    node: Node
+    monitor: PoisonMonitor
+    reputation: Reputation | None
+    metrics_observer: MetricsObserver
+    learner: Learner
+    catch_ups: int
+    paced_steps: int
+    paced_seconds: float
+    arrival_evidence: Counter[str]
+    status_url: str | None
+    manifest: ManifestService
+
+    @property
+    def errors(self) -> Sequence[str]: ...
+
+    def _transport_statistics(self) -> TransportStatistics: ...
+
+    def _admission_statistics(self) -> AdmissionStatistics: ...
 
 
 def process_rss() -> int:
@@ -23,7 +63,7 @@ def process_rss() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def node_snapshot(node: Daemon) -> dict[str, Any]:
+def node_snapshot(node: Observed) -> dict[str, Any]:
     wire = node._transport_statistics()
     admission = node._admission_statistics()
     counters = node.counters

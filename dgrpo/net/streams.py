@@ -1,5 +1,5 @@
 """One libp2p stream to one authenticated peer, for request/response protocols beside gossipsub (federated
-mode's state sync, :mod:`dgrpo.daemon.fed_sync`).
+mode's state sync, :mod:`dgrpo.net.state_sync`).
 
 py-libp2p 0.8.1's ``read(n)`` returns *up to* ``n`` bytes (whatever the muxer holds), and raises ``StreamEOF``
 once the other side closed and the buffer is empty, ``StreamReset`` after a reset. :meth:`Stream.read_exactly`

@@ -11,17 +11,24 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import trio
 
-from dgrpo.net.transport import Transport
+from dgrpo.protocol.messages import Rollout
 from dgrpo.round.fill import FillTracker
 from dgrpo.round.node import Node
 from dgrpo.round.outcome import Admitted, RoundOutcome
 from dgrpo.round.receive import RoundInbox
 
 _T = TypeVar("_T")
+
+
+class Transport(Protocol):
+    """What a round needs of a network: to publish the node's rollouts (what it receives arrives through the
+    inbox). Met by :class:`dgrpo.net.transport.Transport`: the round is below the network, which carries it."""
+
+    async def publish(self, rollout: Rollout) -> None: ...
 
 
 async def run_round(

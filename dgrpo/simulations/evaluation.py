@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dgrpo.adversary.detectors import Detector
 from dgrpo.round.observer import RoundObserver
 from dgrpo.round.outcome import RoundOutcome
+from dgrpo.simulations.sim_node import SimNode
 from dgrpo.tasks.base import Prompt
-
-if TYPE_CHECKING:
-    from dgrpo.simulations.runner import SimNode
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from dgrpo.federated import encoding
 from dgrpo.federated.attacks import build_attack
 from dgrpo.federated.client import FedClient, GlobalStats, LocalResult, Submission
 from dgrpo.federated.params import digest, flat_parameters
-from dgrpo.federated.partition import partition
+from dgrpo.federated.partition import client_prompts
 from dgrpo.federated.server import Aggregator
 from dgrpo.learner.learner import Learner
 from dgrpo.simulations.plots import plot_federated
@@ -48,22 +48,35 @@ def accuracy(learner: Learner, task: Task, prompts: Sequence[Prompt], scenario: 
     return sum(r[0] for r in rewards) / len(rewards)
 
 
+def _parts(scenario: Scenario, fed: FederatedConfig, task: Task) -> list[list[Prompt]]:
+    return client_prompts(
+        task, fed.partition, fed.clients, fed.prompts_per_client, scenario.run_id, fed.noisy_clients, fed.label_noise
+    )
+
+
+def client_for(scenario: Scenario, task: Task, index: int, parts: list[list[Prompt]] | None = None) -> FedClient:
+    """Client ``index`` of the federated ``scenario`` (``client-<index>``, its partition, its attack if it is
+    one of the last ``attack.clients``), with a fresh learner: what the simulation runs and what a Flower
+    ``ClientApp`` runs for the same node."""
+    fed = scenario.federated
+    if fed is None:
+        raise ValueError("not a federated scenario")
+    parts = parts if parts is not None else _parts(scenario, fed, task)
+    name = f"client-{index}"
+    attack = None
+    if fed.attack is not None and index >= fed.clients - fed.attack.clients:
+        attack = build_attack(fed.attack.name, fed.attack.options)
+    learner = Learner(scenario.model, scenario.learner, scenario.lr_rounds())
+    return FedClient(name, scenario.run_id, task, learner, [(name, parts[index])], fed, scenario.sampling, attack)
+
+
 def _clients(scenario: Scenario, fed: FederatedConfig, task: Task) -> list[FedClient]:
-    parts = partition(task, fed.partition, fed.clients, fed.prompts_per_client, scenario.run_id)
-    names = [f"client-{i}" for i in range(fed.clients)]
+    parts = _parts(scenario, fed, task)
     if fed.method == "centralized":
         learner = Learner(scenario.model, scenario.learner, scenario.lr_rounds())
-        sources = list(zip(names, parts, strict=True))
+        sources = [(f"client-{i}", part) for i, part in enumerate(parts)]
         return [FedClient("centralized", scenario.run_id, task, learner, sources, fed, scenario.sampling)]
-    first_attacker = fed.clients - (fed.attack.clients if fed.attack is not None else 0)
-    out = []
-    for i, (name, prompts) in enumerate(zip(names, parts, strict=True)):
-        attack = None
-        if fed.attack is not None and i >= first_attacker:
-            attack = build_attack(fed.attack.name, fed.attack.options)
-        learner = Learner(scenario.model, scenario.learner, scenario.lr_rounds())
-        out.append(FedClient(name, scenario.run_id, task, learner, [(name, prompts)], fed, scenario.sampling, attack))
-    return out
+    return [client_for(scenario, task, i, parts) for i in range(fed.clients)]
 
 
 class FederatedRun:
@@ -148,13 +161,18 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def federated_summary(
-    run: FederatedRun, rows: list[dict[str, Any]], accuracy_points: list[list[float]]
+    fed: FederatedConfig,
+    size: int,
+    rows: list[dict[str, Any]],
+    accuracy_points: list[list[float]],
+    global_weights: torch.Tensor | None,
+    attackers: bool = False,
 ) -> dict[str, Any]:
-    """The summary's ``federated`` object: accuracy per evaluation, traffic per client and round, compression."""
-    fed = run.fed
+    """The summary's ``federated`` object: accuracy per evaluation, traffic per client and round, compression
+    (``size``: the model's entries; ``global_weights``: None for the baselines, which have none)."""
     sent = [b for r in rows for b in r.get("bytes_sent", {}).values()]
     entries = [e for r in rows for e in r.get("entries_sent", {}).values()]
-    dense_bytes = 4 * run.size
+    dense_bytes = 4 * size
     mean_bytes = _mean([float(b) for b in sent])
     mean_entries = _mean([float(e) for e in entries])
     shares = [r["attacker_weight_share"] for r in rows if "attacker_weight_share" in r]
@@ -170,17 +188,17 @@ def federated_summary(
         "value_dtype": fed.sparsity.values,
         "bound_stats": fed.defense.bound_stats,
         "attack": fed.attack.name if fed.attack is not None else None,
-        "parameters": run.size,
+        "parameters": size,
         "accuracy": accuracy_points,
         "final_accuracy": accuracy_points[-1][1],
         "bytes_per_client_per_round": mean_bytes,
         "entries_per_client_per_round": mean_entries,
         "dense_bytes": dense_bytes,
-        "compression_entries": run.size / mean_entries if mean_entries else None,
+        "compression_entries": size / mean_entries if mean_entries else None,
         "compression_bytes": dense_bytes / mean_bytes if mean_bytes else None,
-        "attacker_weight_share": _mean(shares) if run.attackers else None,
+        "attacker_weight_share": _mean(shares) if attackers else None,
         # the share the aggregator left it (multi-krum: 0 when excluded; median, trimmed mean: not defined)
-        "attacker_influence": _mean(influence) if run.attackers else None,
+        "attacker_influence": _mean(influence) if attackers else None,
         "per_round": [
             {
                 "round": r["round"],
@@ -192,7 +210,7 @@ def federated_summary(
             }
             for r in rows
         ],
-        "global_weights_digest": digest(run.global_weights) if fed.method == "federated" else None,
+        "global_weights_digest": digest(global_weights) if global_weights is not None else None,
     }
 
 
@@ -216,7 +234,8 @@ def run_federated(scenario: Scenario, out_dir: Path, on_round: RoundCallback | N
             metrics.flush()
             if on_round is not None:
                 on_round(row)
-    fed_summary = federated_summary(run, rows, points)
+    weights = run.global_weights if run.fed.method == "federated" else None
+    fed_summary = federated_summary(run.fed, run.size, rows, points, weights, bool(run.attackers))
     summary: dict[str, Any] = {
         "scenario": scenario.name,
         "task": scenario.task.name,

@@ -11,7 +11,6 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +18,8 @@ import torch
 import trio
 
 from dgrpo.adversary import build_adversary
-from dgrpo.net.memory import InMemoryNetwork, InMemoryTransport
+from dgrpo.net.memory import InMemoryNetwork
 from dgrpo.round.build import build_node
-from dgrpo.round.node import Node
 from dgrpo.round.observer import RoundObserver, notify
 from dgrpo.round.outcome import RoundOutcome
 from dgrpo.round.receive import RoundInbox
@@ -31,18 +29,11 @@ from dgrpo.simulations.evaluation import EvalPoint, Evaluator
 from dgrpo.simulations.federated import run_federated
 from dgrpo.simulations.plots import plot_asr, plot_curves
 from dgrpo.simulations.scenario import Scenario
+from dgrpo.simulations.sim_node import SimNode
 from dgrpo.tasks import get_task
 from dgrpo.tasks.base import Task
 
 RoundCallback = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class SimNode:
-    node: Node
-    transport: InMemoryTransport
-    inbox: RoundInbox
-    honest: bool = True
 
 
 def build_nodes(scenario: Scenario) -> list[SimNode]:

@@ -29,7 +29,7 @@ from dgrpo.protocol.identity import peer_id_from_public_bytes
 from dgrpo.protocol.topics import global_topic, update_topic
 from dgrpo.protocol.update_bodies import GlobalBody, UpdateBody
 
-log = logging.getLogger("dgrpo.daemon")
+log = logging.getLogger("dgrpo.net")
 POLL_SECONDS = 0.05
 
 

@@ -45,7 +45,7 @@ from dgrpo.protocol.sync import (
     sign_header,
 )
 
-log = logging.getLogger("dgrpo.daemon")
+log = logging.getLogger("dgrpo.net")
 
 SERVE_STREAMS = 4  # concurrent sync streams a node serves; each holds a copy of the weights in flight
 REQUEST_TIMEOUT_SECONDS = 10.0  # for the 5 request bytes
