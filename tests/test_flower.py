@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,14 +113,22 @@ SMALL = [
 ]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """dgrpo's own simulation of the small scenario: what both Flower engines must reproduce."""
+    return run_federated(load_scenario(Path("fed-grpo"), SMALL), tmp_path_factory.mktemp("sim"))
+
+
 @pytest.mark.timeout(300)
-def test_a_flower_deployment_runs_the_same_experiment_as_the_simulation(tmp_path: Path) -> None:
+def test_a_flower_deployment_runs_the_same_experiment_as_the_simulation(
+    tmp_path: Path, simulated: dict[str, Any]
+) -> None:
     """A SuperLink and two SuperNodes (real processes on 127.0.0.1), the app submitted with ``flwr run``: the
     same accuracy at every evaluation and the same global weights, bit for bit, as dgrpo's simulation of the
     scenario (sparse 1/32 updates with error feedback and momentum SGD, both carried across rounds in the
-    client's ``context.state``: without them round 2 would differ)."""
+    client's ``context.state``: without them round 2 differs, checked by hand)."""
     flower = run_on_flower("fed-grpo", SMALL, tmp_path / "flower", work=tmp_path / "deployment", timeout=240)
-    ours = run_federated(load_scenario(Path("fed-grpo"), SMALL), tmp_path / "sim")
+    ours = simulated
     assert flower["accuracy"] == ours["accuracy"]
     assert flower["federated"]["global_weights_digest"] == ours["federated"]["global_weights_digest"]
     assert flower["federated"]["entries_per_client_per_round"] == ours["federated"]["entries_per_client_per_round"]
@@ -128,6 +137,16 @@ def test_a_flower_deployment_runs_the_same_experiment_as_the_simulation(tmp_path
     assert flower["flower"]["rejected"] == []
     assert flower["flower"]["left_running"] == 0  # every process of the deployment stopped by SIGTERM
     assert not _deployment_processes()
+
+
+@pytest.mark.timeout(300)
+def test_flowers_simulation_engine_runs_the_same_experiment(tmp_path: Path, simulated: dict[str, Any]) -> None:
+    """Flower's simulation engine (Ray, dgrpo[flower-sim]; a local SuperLink that ``flwr run`` starts): the
+    same global weights again."""
+    flower = run_on_flower("fed-grpo", SMALL, tmp_path / "flower", work=tmp_path / "sim", engine="simulation")
+    assert flower["accuracy"] == simulated["accuracy"]
+    assert flower["federated"]["global_weights_digest"] == simulated["federated"]["global_weights_digest"]
+    assert not _deployment_processes()  # the local SuperLink and Ray's workers included
 
 
 def _deployment_processes() -> list[int]:

@@ -3,6 +3,7 @@ on 127.0.0.1 (Flower's deployment engine, insecure: loopback only), the app subm
 results read back, every process stopped.
 
     .venv/bin/python -m dgrpo.flower.local --scenario fed-grpo --out runs/flower [--set key=value ...]
+        [--engine simulation]   # Flower's Ray simulation engine instead (dgrpo[flower-sim])
 
 Flower 1.42 serves its Fleet, Control and ServerAppIo APIs on one HTTP port per SuperLink; each SuperNode has
 its own port for its local runtime. The connection to submit to lives in ``$FLWR_HOME/config.toml``:
@@ -230,11 +231,62 @@ class deploy:
             self.deployment.stop()
 
 
+class simulate:
+    """``with simulate(clients, work) as d: d.run({...})``: Flower's simulation engine (Ray, the
+    ``dgrpo[flower-sim]`` extra) with ``clients`` virtual SuperNodes, behind a local SuperLink that ``flwr run``
+    starts itself (address ``:local:``, on a free port); stopped with everything it started afterwards."""
+
+    def __init__(self, clients: int, work: Path) -> None:
+        self.clients = clients
+        self.work = work
+        self.deployment: Deployment | None = None
+
+    def __enter__(self) -> Deployment:
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        home = self.work / "flwr-home"
+        home.mkdir(exist_ok=True)
+        tag = uuid.uuid4().hex
+        port = free_port()
+        env = dict(os.environ)
+        env.update(
+            FLWR_HOME=str(home),
+            FLWR_TELEMETRY_ENABLED="0",
+            FLWR_DISABLE_UPDATE_CHECK="1",
+            FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port),
+            FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",  # the app's dependencies are this environment's
+            DGRPO_FLOWER_TAG=tag,
+            PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+        )
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = ":local:"\n'
+        )
+        d = self.deployment = Deployment(self.work, env, tag, f"127.0.0.1:{port}")
+        try:  # the federation's size (1.42 keeps it with the SuperLink; this starts the local one)
+            d.flwr(
+                "federation", "simulation-config", "@none/default", CONNECTION, "--num-supernodes", str(self.clients)
+            )
+        except BaseException:
+            d.stop()
+            raise
+        return d
+
+    def __exit__(self, *exc: object) -> None:
+        if self.deployment is not None:
+            self.deployment.stop()
+
+
 def run_on_flower(
-    scenario: str, overrides: list[str], out: Path, work: Path | None = None, timeout: float = 1800
+    scenario: str,
+    overrides: list[str],
+    out: Path,
+    work: Path | None = None,
+    timeout: float = 1800,
+    engine: str = "deployment",
 ) -> dict[str, Any]:
-    """Run a federated scenario on a local Flower deployment; the server app's ``summary.json`` (with the
-    deployment's start-up and run seconds under ``flower``)."""
+    """Run a federated scenario on Flower (``engine``: ``deployment``, a SuperLink and a SuperNode per client
+    as processes here, or ``simulation``, Flower's Ray engine); the server app's ``summary.json`` (with the
+    start-up and run seconds under ``flower``)."""
     out = out.resolve()
     parsed = scenario_of({"scenario": scenario, "overrides": ";".join(overrides)})
     assert parsed.federated is not None
@@ -248,7 +300,8 @@ def run_on_flower(
     }
     if (out / "metrics.jsonl").exists():
         (out / "metrics.jsonl").unlink()
-    with deploy(parsed.federated.clients, work) as d:
+    engines = {"deployment": deploy, "simulation": simulate}
+    with engines[engine](parsed.federated.clients, work) as d:
         d.run(config, timeout=timeout)
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     summary["flower"].update(d.timings)
@@ -263,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a scenario override")
     parser.add_argument("--out", type=Path, default=Path("runs/flower"))
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--engine", choices=("deployment", "simulation"), default="deployment")
     args = parser.parse_args(argv)
-    summary = run_on_flower(args.scenario, args.sets, args.out, timeout=args.timeout)
+    summary = run_on_flower(args.scenario, args.sets, args.out, timeout=args.timeout, engine=args.engine)
     print(json.dumps({k: summary[k] for k in ("scenario", "final_accuracy", "accuracy", "wall_seconds")}))
     return 0
 
