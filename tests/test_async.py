@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dgrpo.config import DefenseConfig, LearnerConfig, ModelConfig, RolloutConfig
+from dgrpo.daemon.launch import open_daemon
 from dgrpo.defense.base import DefenseContext
 from dgrpo.defense.chain import DefenseChain
 from dgrpo.learner.learner import Learner
@@ -221,12 +222,11 @@ def test_an_async_node_ahead_of_the_network_waits_for_half_of_it_never_for_a_str
     bounded by ``deadline_seconds``."""
     import trio
 
-    from dgrpo.daemon.daemon import Daemon
     from dgrpo.daemon.settings import load_node_settings
 
     sets = [f"state_dir={str(tmp_path)!r}", "status.enabled=false", "rollout.mode='async'",
             "rounds.deadline_seconds=3"]  # fmt: skip
-    daemon = Daemon(load_node_settings(None, sets))
+    daemon = open_daemon(load_node_settings(None, sets))
     peers = {"a": 7, "b": 7}
     daemon.network_round = lambda: sorted(peers.values())[len(peers) // 2]  # type: ignore[method-assign]
     daemon.round = 10

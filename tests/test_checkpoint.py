@@ -10,6 +10,7 @@ import torch
 
 from dgrpo.config import LearnerConfig, ModelConfig
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
+from dgrpo.daemon.launch import open_daemon
 from dgrpo.learner.learner import Learner, TrainSample
 
 
@@ -75,11 +76,10 @@ def test_learner_state_round_trip(tmp_path: Path, random_model_dir: Path) -> Non
 
 def test_reputation_and_blacklist_survive_a_resume(tmp_path: Path) -> None:
     # A restart is no amnesty: whom the node blacklisted, and the rejection rates in progress, come back.
-    from dgrpo.daemon.daemon import Daemon
     from dgrpo.daemon.settings import load_node_settings
 
     sets = [f"state_dir={str(tmp_path)!r}", "defense.chain=['length']", "status.enabled=false"]
-    first = Daemon(load_node_settings(None, sets))
+    first = open_daemon(load_node_settings(None, sets))
     assert first.reputation is not None
     first.reputation.record(3, "peerA", 10, 9)
     assert first.reputation.update(3) == ["peerA"]
@@ -88,7 +88,7 @@ def test_reputation_and_blacklist_survive_a_resume(tmp_path: Path) -> None:
     first.rounds_done, first.round = 3, 4
     first.save_checkpoint()
 
-    again = Daemon(load_node_settings(None, sets), resume=True)
+    again = open_daemon(load_node_settings(None, sets), resume=True)
     assert again.round == 4
     assert again.reputation is not None
     assert again.reputation.blacklisted == {"peerA": 3}
@@ -127,12 +127,11 @@ def test_resume_refuses_to_lose_identity_or_training_silently(tmp_path: Path) ->
     # new identity and continued the old state under it; another model died with a raw traceback.
     import pytest
 
-    from dgrpo.daemon.daemon import Daemon
     from dgrpo.daemon.settings import load_node_settings
     from dgrpo.errors import ConfigError
 
     sets = [f"state_dir={str(tmp_path)!r}", "status.enabled=false"]
-    first = Daemon(load_node_settings(None, sets))
+    first = open_daemon(load_node_settings(None, sets))
     first.rounds_done, first.round = 2, 3
     first.save_checkpoint()
     (saved,) = first.checkpoints.checkpoints()
@@ -143,14 +142,14 @@ def test_resume_refuses_to_lose_identity_or_training_silently(tmp_path: Path) ->
     # Another model under the configuration: refused, naming both.
     other = [*sets, "model.name='dgrpo:tiny-arith-llama'"]
     with pytest.raises(ConfigError, match=r"holds model 'dgrpo:tiny-arith'.*'dgrpo:tiny-arith-llama'"):
-        Daemon(load_node_settings(None, other), resume=True)
+        open_daemon(load_node_settings(None, other), resume=True)
     assert not orphan.exists()
 
     # Every checkpoint corrupt: refused, naming the files.
     good = saved.read_bytes()
     saved.write_bytes(b"corrupt")
     with pytest.raises(ConfigError, match=rf"none of the checkpoints .* verifies \({saved.name}\)"):
-        Daemon(load_node_settings(None, sets), resume=True)
+        open_daemon(load_node_settings(None, sets), resume=True)
     saved.write_bytes(good)
 
     # The identity key deleted while state remains: refused before a new key is made.
@@ -158,20 +157,19 @@ def test_resume_refuses_to_lose_identity_or_training_silently(tmp_path: Path) ->
     kept_key = key.read_bytes()
     key.unlink()
     with pytest.raises(ConfigError, match=r"identity key .* is missing.*round-00000002\.ckpt"):
-        Daemon(load_node_settings(None, sets), resume=True)
+        open_daemon(load_node_settings(None, sets), resume=True)
     assert not key.exists()
     key.write_bytes(kept_key)
-    assert Daemon(load_node_settings(None, sets), resume=True).rounds_done == 2  # all restored: it resumes
+    assert open_daemon(load_node_settings(None, sets), resume=True).rounds_done == 2  # all restored: it resumes
 
 
 def _node_with_state(state: Path) -> tuple[list[str], str, Any]:
     """A node that ran: identity, a checkpoint with a blacklisted peer and reputation, replay and nonce files."""
-    from dgrpo.daemon.daemon import Daemon
     from dgrpo.daemon.settings import load_node_settings
     from dgrpo.protocol.identity import Identity
 
     sets = [f"state_dir={str(state)!r}", "status.enabled=false", "defense.chain=['length']"]
-    node = Daemon(load_node_settings(None, sets))
+    node = open_daemon(load_node_settings(None, sets))
     node.rounds_done, node.round = 2, 3
     bad = Identity.from_seed(bytes([9]) * 32).peer_id
     node.restored_blacklist = [bad]
@@ -189,7 +187,6 @@ def test_allow_fresh_starts_a_new_node_and_moves_the_old_state_aside(tmp_path: P
     # Issue 23: with the key deleted, --allow-fresh made a new identity but resumed the old checkpoint (round
     # 98), replay state and 9 blacklisted peers; over corrupt checkpoints it started fresh but left the corrupt
     # files, so the next --resume refused again.
-    from dgrpo.daemon.launch import open_daemon
     from dgrpo.daemon.settings import load_node_settings
 
     state = tmp_path / "node"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.launch import open_daemon
 from dgrpo.daemon.settings import load_node_settings
 from dgrpo.net.p2p import PeerInfo
 from dgrpo.protocol.messages import DEFAULT_SAMPLING, Rollout
@@ -41,7 +42,7 @@ class Connections:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Daemon:
     state = tmp_path_factory.mktemp("node")
-    return Daemon(load_node_settings(None, [f"state_dir={str(state)!r}", "status.enabled=false"]))
+    return open_daemon(load_node_settings(None, [f"state_dir={str(state)!r}", "status.enabled=false"]))
 
 
 def _rollout(author: str, round_idx: int) -> Rollout:
@@ -244,7 +245,7 @@ def test_a_node_cut_off_from_its_seniors_waits_rather_than_running_alone(tmp_pat
         "rounds.min_peers=1",
         "rounds.heartbeat_seconds=0.25",
     ]
-    d = Daemon(load_node_settings(None, sets))
+    d = open_daemon(load_node_settings(None, sets))
     d.node.seniority = Seniority(young_rounds=2)
     sybils = [peer(f"sybil-{i}", 30) for i in range(5)]
 

@@ -1,7 +1,7 @@
 """Membership in a federated round: whose update a round still waits for when peers leave
-(``FederatedDaemon.awaited``, ``updates_complete``), when a departure may close the round (``drained``: what
+(``FederatedExchange.awaited``, ``updates_complete``), when a departure may close the round (``drained``: what
 the peer sent before it left has been handled), and how far along a joiner finds the federation
-(``UpdateExchange.latest``, ``FederatedDaemon.heard_round``).
+(``UpdateExchange.latest``, ``FederatedExchange.heard_round``).
 
 In the decentralised topology every node must aggregate the same set of updates, or their global weights part.
 A CI run (of 0453a8a) ended with three daemons holding three global hashes after one round, which no majority
@@ -19,7 +19,9 @@ import pytest
 import trio
 import trio.testing
 
-from dgrpo.daemon.federated import FederatedDaemon
+from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.federated import FederatedExchange
+from dgrpo.daemon.launch import open_daemon
 from dgrpo.daemon.settings import load_node_settings
 from dgrpo.federated.encoding import encode
 from dgrpo.net.gossip import drained
@@ -71,10 +73,16 @@ def test_drained_means_taken_and_handled_not_only_an_empty_buffer() -> None:
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> FederatedDaemon:
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Daemon:
     state = tmp_path_factory.mktemp("fed")
     sets = [f"state_dir={str(state)!r}", "status.enabled=false", "mode='federated'", "federated.clients=3"]
-    return FederatedDaemon(load_node_settings(None, sets))
+    return open_daemon(load_node_settings(None, sets))
+
+
+def fed(d: Daemon) -> FederatedExchange:
+    """The daemon's federated exchange (its membership in the federation lives there)."""
+    assert isinstance(d.exchange, FederatedExchange)
+    return d.exchange
 
 
 def first_chunk() -> UpdateBody:
@@ -84,7 +92,7 @@ def first_chunk() -> UpdateBody:
     )  # fmt: skip
 
 
-def test_a_stopping_peer_is_awaited_only_for_an_update_it_already_sent(daemon: FederatedDaemon) -> None:
+def test_a_stopping_peer_is_awaited_only_for_an_update_it_already_sent(daemon: Daemon) -> None:
     table = [
         PeerInfo("running", 10, 9, "running", 0.0),
         PeerInfo("finished", 11, 10, "stopping", 0.0),  # stopped after finishing round 10: its update went out
@@ -97,17 +105,17 @@ def test_a_stopping_peer_is_awaited_only_for_an_update_it_already_sent(daemon: F
     daemon.transport = TableTransport(table)  # type: ignore[assignment]
     daemon.gossip = Connections(names - {"gone"}, blacklisted=frozenset({"banned"}))  # type: ignore[assignment]
     daemon._connected_at_start = names
-    daemon.reassembler = Reassembler()
-    daemon.reassembler.advance(10)
-    assert daemon.reassembler.add("update", "sending", 10, first_chunk()) is None  # the first of two chunks
-    assert daemon.reassembler.started("update", 10) == {"sending"}
-    assert daemon.awaited(10) == {"running", "finished", "sending"}
+    fed(daemon).reassembler = Reassembler()
+    fed(daemon).reassembler.advance(10)
+    assert fed(daemon).reassembler.add("update", "sending", 10, first_chunk()) is None  # the first of two chunks
+    assert fed(daemon).reassembler.started("update", 10) == {"sending"}
+    assert fed(daemon).awaited(10) == {"running", "finished", "sending"}
     # Its update for round 11 never went out: not awaited there.
-    assert daemon.awaited(11) == {"running"}
+    assert fed(daemon).awaited(11) == {"running"}
 
 
 def test_the_round_waits_for_a_peer_that_left_after_sending_until_its_update_is_handled(
-    daemon: FederatedDaemon, tmp_path: Path
+    daemon: Daemon, tmp_path: Path
 ) -> None:
     """The race of the failed CI run, replayed in order: the peer's update is still queued when its ``stopping``
     heartbeat is seen; the round closes with the update, not without it."""
@@ -118,10 +126,10 @@ def test_the_round_waits_for_a_peer_that_left_after_sending_until_its_update_is_
     daemon._connected_at_start = {"me-too", "leaver"}
     expected = {"me-too", "leaver", daemon.peer_id}
     have = {"me-too", daemon.peer_id}
-    awaited = daemon.awaited(10) | {daemon.peer_id}
+    awaited = fed(daemon).awaited(10) | {daemon.peer_id}
     assert not updates_complete(expected, have, awaited, settled=True)  # it finished the round: its update is due
     conns.peers = {"me-too"}  # then its connection closes
-    awaited = daemon.awaited(10) | {daemon.peer_id}
+    awaited = fed(daemon).awaited(10) | {daemon.peer_id}
     assert not updates_complete(expected, have, awaited, settled=False)  # its chunks are still being handled
     assert updates_complete(expected, have | {"leaver"}, awaited, settled=True)
 
@@ -141,22 +149,22 @@ def test_the_exchange_remembers_how_far_each_author_is_even_from_chunks_it_refus
     assert ex.latest == {BOB.peer_id: 9, dave.peer_id: 3}  # bounded: Carol, heard least recently, is forgotten
 
 
-def test_a_joiner_takes_the_round_live_peers_sent_updates_for_by_their_lower_median(daemon: FederatedDaemon) -> None:
+def test_a_joiner_takes_the_round_live_peers_sent_updates_for_by_their_lower_median(daemon: Daemon) -> None:
     table = [PeerInfo(name, 5, 4, "running", 0.0) for name in ("a", "b", "c")]
     daemon.transport = TableTransport(table)  # type: ignore[assignment]
     daemon.gossip = Connections({"a", "b", "c"})  # type: ignore[assignment]
     daemon._connected_at_start = {"a", "b", "c"}
-    daemon.exchange.latest = {"a": 7, "b": 8, "c": 1_000_000, "gone": 50}  # c names a far-off round
-    assert daemon.heard_round() == 8  # "gone" is not a live peer; c cannot move it past the others
-    daemon.exchange.latest = {}
-    assert daemon.heard_round() == 0
+    fed(daemon).updates.latest = {"a": 7, "b": 8, "c": 1_000_000, "gone": 50}  # c names a far-off round
+    assert fed(daemon).heard_round() == 8  # "gone" is not a live peer; c cannot move it past the others
+    fed(daemon).updates.latest = {}
+    assert fed(daemon).heard_round() == 0
 
 
-def test_a_peer_that_ran_all_its_rounds_is_not_expected_to_send_more(daemon: FederatedDaemon) -> None:
+def test_a_peer_that_ran_all_its_rounds_is_not_expected_to_send_more(daemon: Daemon) -> None:
     table = [PeerInfo("running", 10, 9, "running", 0.0), PeerInfo("done", 8, 7, "done", 0.0)]
     daemon.transport = TableTransport(table)  # type: ignore[assignment]
-    daemon.exchange.submissions.clear()
-    assert daemon.expected_peers(10) == {"running"}
+    fed(daemon).updates.submissions.clear()
+    assert fed(daemon).expected_peers(10) == {"running"}
     # the same peer announcing "running" at round 8 (what a finished node said before "done") is expected
     daemon.transport = TableTransport([*table[:1], PeerInfo("done", 8, 7, "running", 0.0)])  # type: ignore[assignment]
-    assert daemon.expected_peers(10) == {"running", "done"}
+    assert fed(daemon).expected_peers(10) == {"running", "done"}

@@ -10,7 +10,8 @@ import torch
 import trio
 
 from dgrpo.daemon.daemon import Daemon
-from dgrpo.daemon.federated import FederatedDaemon
+from dgrpo.daemon.federated import FederatedExchange
+from dgrpo.daemon.launch import open_daemon
 from dgrpo.daemon.settings import load_node_settings
 from dgrpo.daemon.testnet import node_overrides
 from dgrpo.errors import ConfigError
@@ -36,11 +37,9 @@ def test_mode_settings_and_testnet_overrides(tmp_path: Path) -> None:
 
 def test_daemon_refuses_a_simulation_baseline_or_a_client_beyond_the_federation(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="centralized"):
-        FederatedDaemon(load_node_settings(None, settings(tmp_path, "federated.method='centralized'")))
+        open_daemon(load_node_settings(None, settings(tmp_path, "federated.method='centralized'")))
     with pytest.raises(ConfigError, match="client_index"):
-        FederatedDaemon(
-            load_node_settings(None, settings(tmp_path, "federated.clients=2", "federation.client_index=2"))
-        )
+        open_daemon(load_node_settings(None, settings(tmp_path, "federated.clients=2", "federation.client_index=2")))
 
 
 def test_checkpoint_holds_global_weights_residual_and_history(tmp_path: Path) -> None:
@@ -51,31 +50,40 @@ def test_checkpoint_holds_global_weights_residual_and_history(tmp_path: Path) ->
         "federation.client_index=1",
         "federated.topology='decentralised'",
     )
-    first = FederatedDaemon(load_node_settings(None, sets))
-    assert isinstance(first, Daemon) and first.snapshot()["mode"] == "federated"
-    size = first.model_size
-    first.global_flat = first.global_flat + 0.01  # as after a round's aggregation
-    first.global_stats = GlobalStats(0.4, 0.2)
-    first.aggregator.history = {"peerA": 0.3}
-    first.residual = torch.linspace(-1, 1, size)
+    first = open_daemon(load_node_settings(None, sets))
+    ff = fed(first)
+    assert isinstance(first.exchange, FederatedExchange) and first.snapshot()["mode"] == "federated"
+    size = ff.model_size
+    ff.global_flat = ff.global_flat + 0.01  # as after a round's aggregation
+    ff.global_stats = GlobalStats(0.4, 0.2)
+    ff.aggregator.history = {"peerA": 0.3}
+    ff.residual = torch.linspace(-1, 1, size)
     first.rounds_done, first.round = 2, 3
     first.save_checkpoint()
 
-    again = FederatedDaemon(load_node_settings(None, sets), resume=True)
+    again = open_daemon(load_node_settings(None, sets), resume=True)
+
+    fa = fed(again)
     assert again.round == 3 and again.rounds_done == 2
-    assert torch.equal(again.global_flat, first.global_flat) and again.global_digest == digest(first.global_flat)
-    assert torch.equal(flat_parameters(again.learner.model), first.global_flat)  # the learner starts from it
-    assert again.residual is not None and torch.equal(again.residual, first.residual)
-    assert again.aggregator.history == {"peerA": 0.3} and again.global_stats == GlobalStats(0.4, 0.2)
-    assert again.client_index == 1
+    assert torch.equal(fa.global_flat, ff.global_flat) and fa.global_digest == digest(ff.global_flat)
+    assert torch.equal(flat_parameters(again.learner.model), ff.global_flat)  # the learner starts from it
+    assert fa.residual is not None and torch.equal(fa.residual, ff.residual)
+    assert fa.aggregator.history == {"peerA": 0.3} and fa.global_stats == GlobalStats(0.4, 0.2)
+    assert fa.client_index == 1
     status = again.snapshot()["federated"]
-    assert status["global_sha256"] == again.global_digest and status["topology"] == "decentralised"
+    assert status["global_sha256"] == fa.global_digest and status["topology"] == "decentralised"
     assert status["role"] == "aggregator" and status["global_stats"] == {"mean": 0.4, "std": 0.2}
     # the client built at the first round carries the restored residual and trains on its own partition
     again.transport = FakeTransport()  # type: ignore[assignment]
-    client = again._setup_client()
-    assert torch.equal(client.feedback.residual, first.residual) and client.name == again.peer_id
+    client = fa._setup_client()
+    assert torch.equal(client.feedback.residual, ff.residual) and client.name == again.peer_id
     assert len(client.sources) == 1 and len(client.sources[0][1]) == 64
+
+
+def fed(d: Daemon) -> FederatedExchange:
+    """The daemon's federated exchange."""
+    assert isinstance(d.exchange, FederatedExchange)
+    return d.exchange
 
 
 class FakeTransport:
@@ -101,31 +109,32 @@ def test_state_sync_serves_and_takes_over_the_global_state(tmp_path: Path) -> No
     from dgrpo.protocol.sync import decode_header
 
     sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='star'")
-    d = FederatedDaemon(load_node_settings(None, sets))
-    d.aggregator_id = "12D3KooWaggregator"
-    d.global_flat = d.global_flat + 0.5
-    d.global_digest = digest(d.global_flat)
-    d.aggregator.history = {"peerA": 0.25}
-    trio.run(d._serve_snapshot, 3)
-    snap = d.sync_server.snapshot
+    d = open_daemon(load_node_settings(None, sets))
+    fd = fed(d)
+    fd.aggregator_id = "12D3KooWaggregator"
+    fd.global_flat = fd.global_flat + 0.5
+    fd.global_digest = digest(fd.global_flat)
+    fd.aggregator.history = {"peerA": 0.25}
+    trio.run(fd._serve_snapshot, 3)
+    snap = fd.sync_server.snapshot
     assert snap is not None and snap.round == 3
     header = decode_header(snap.head[4:])
-    assert header.sha256.hex() == d.global_digest and header.size == 4 * d.model_size
+    assert header.sha256.hex() == fd.global_digest and header.size == 4 * fd.model_size
     assert header.aggregator == "12D3KooWaggregator" and header.history == {"peerA": 0.25} and header.mean is None
 
-    d.residual = torch.ones(d.model_size)  # as restored from an older checkpoint
-    old = d.global_digest
-    weights = torch.linspace(-1, 1, d.model_size)
+    fd.residual = torch.ones(fd.model_size)  # as restored from an older checkpoint
+    old = fd.global_digest
+    weights = torch.linspace(-1, 1, fd.model_size)
     state = GlobalState(7, weights, digest(weights), GlobalStats(0.4, 0.2), "12D3KooWother", {"peerB": 0.5}, "src")
-    trio.run(d._adopt, state, 7)
-    assert torch.equal(d.global_flat, weights) and d.global_digest == digest(weights)
+    trio.run(fd._adopt, state, 7)
+    assert torch.equal(fd.global_flat, weights) and fd.global_digest == digest(weights)
     assert torch.equal(flat_parameters(d.learner.model), weights)  # the learner starts from it
-    assert d.round == 8 and d.global_stats == GlobalStats(0.4, 0.2) and d.aggregator_id == "12D3KooWother"
-    assert d.aggregator.history == {"peerB": 0.5} and d.residual is None  # error feedback restarts at zero
-    assert d.synced == {"peer": "src", "round": 7, "global_sha256": digest(weights), "replaced_sha256": old}
-    assert d.sync_server.snapshot is not None and d.sync_server.snapshot.round == 7  # it serves what it took
+    assert d.round == 8 and fd.global_stats == GlobalStats(0.4, 0.2) and fd.aggregator_id == "12D3KooWother"
+    assert fd.aggregator.history == {"peerB": 0.5} and fd.residual is None  # error feedback restarts at zero
+    assert fd.synced == {"peer": "src", "round": 7, "global_sha256": digest(weights), "replaced_sha256": old}
+    assert fd.sync_server.snapshot is not None and fd.sync_server.snapshot.round == 7  # it serves what it took
     assert d.snapshot()["federated"]["sync"] == {
-        "served": 0, "joined_from": d.synced, "resyncs": 0, "last_resync": None,
+        "served": 0, "joined_from": fd.synced, "resyncs": 0, "last_resync": None,
     }  # fmt: skip
 
 
@@ -134,24 +143,25 @@ def test_a_diverged_node_takes_the_state_over_and_says_so(tmp_path: Path) -> Non
     from dgrpo.net.state_sync import GlobalState
 
     sets = settings(tmp_path, "federated.clients=3", "federation.client_index=1", "federated.topology='decentralised'")
-    d = FederatedDaemon(load_node_settings(None, sets))
-    d.client = types.SimpleNamespace(feedback=ErrorFeedback(d.model_size, torch.ones(d.model_size)))  # type: ignore[assignment]
-    d.synced = {"peer": "first-join"}
-    old = d.global_digest
-    weights = torch.linspace(-1, 1, d.model_size)
+    d = open_daemon(load_node_settings(None, sets))
+    fd = fed(d)
+    fd.client = types.SimpleNamespace(feedback=ErrorFeedback(fd.model_size, torch.ones(fd.model_size)))  # type: ignore[assignment]
+    fd.synced = {"peer": "first-join"}
+    old = fd.global_digest
+    weights = torch.linspace(-1, 1, fd.model_size)
     state = GlobalState(4, weights, digest(weights), None, None, {}, "src")
 
     async def fake_sync(target: int) -> GlobalState:
         assert target == 4
-        await d._adopt(state, target)
+        await fd._adopt(state, target)
         return state
 
-    d._sync = fake_sync  # type: ignore[method-assign]
+    fd._sync = fake_sync  # type: ignore[method-assign]
     d.round = 5  # the loop moved on to the next round before re-syncing
-    trio.run(d._resync, 4)
-    assert d.round == 5 and torch.equal(d.global_flat, weights)
-    assert d.client is not None and int(d.client.feedback.residual.count_nonzero()) == 0  # residual reset
-    assert d.synced == {"peer": "first-join"}  # a re-sync is not a join
+    trio.run(fd._resync, 4)
+    assert d.round == 5 and torch.equal(fd.global_flat, weights)
+    assert fd.client is not None and int(fd.client.feedback.residual.count_nonzero()) == 0  # residual reset
+    assert fd.synced == {"peer": "first-join"}  # a re-sync is not a join
     sync = d.snapshot()["federated"]["sync"]
     assert sync["resyncs"] == 1
     assert sync["last_resync"] == {
@@ -160,11 +170,12 @@ def test_a_diverged_node_takes_the_state_over_and_says_so(tmp_path: Path) -> Non
 
 
 def test_a_joining_peer_is_not_waited_for_after_the_first_round(tmp_path: Path) -> None:
-    d = FederatedDaemon(load_node_settings(None, settings(tmp_path, "federated.clients=3")))
+    d = open_daemon(load_node_settings(None, settings(tmp_path, "federated.clients=3")))
+    fd = fed(d)
     table = [PeerInfo("joining", 0, 0, "running", 0.0), PeerInfo("behind", 4, 3, "running", 0.0)]
     d.transport = TableTransport(table)  # type: ignore[assignment]
-    assert d.expected_peers(1) == {"joining"}  # a federation starting together: everyone is at round 0
-    assert d.expected_peers(5) == {"behind"}  # past round 1, round 0 means joining: it starts after this round
+    assert fd.expected_peers(1) == {"joining"}  # a federation starting together: everyone is at round 0
+    assert fd.expected_peers(5) == {"behind"}  # past round 1, round 0 means joining: it starts after this round
 
 
 class TableTransport:

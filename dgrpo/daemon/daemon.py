@@ -17,6 +17,7 @@ import json
 import logging
 import signal
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ import trio
 
 from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
+from dgrpo.daemon.exchange import Exchange
 from dgrpo.daemon.fresh import FreshStart
 from dgrpo.daemon.identity import check_resume, load_identity
 from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
@@ -46,17 +48,25 @@ from dgrpo.protocol.validator import MessageValidator
 from dgrpo.round.admit import AdmissionStatistics
 from dgrpo.round.build import build_node
 from dgrpo.round.fill import FillTracker
-from dgrpo.round.observer import RoundObserver, notify
-from dgrpo.round.outcome import RoundOutcome
+from dgrpo.round.observer import RoundObserver
 from dgrpo.round.receive import RoundInbox
-from dgrpo.round.run import run_round, run_step
 from dgrpo.tasks import get_task
 
 log = logging.getLogger("dgrpo.daemon")
 
 
 class Daemon(Membership):
-    def __init__(self, settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
+    """A node: one lifecycle (identity and state on disk, host, status, heartbeats, join, checkpoints, shutdown)
+    around what it exchanges with its peers, ``exchange(self)`` (:mod:`dgrpo.daemon.exchange`; the mode's,
+    :func:`dgrpo.daemon.launch.open_daemon` picks it)."""
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        exchange: Callable[[Daemon], Exchange],
+        resume: bool = False,
+        allow_fresh: bool = False,
+    ) -> None:
         self.settings = settings
         self.resume = resume
         self.allow_fresh = allow_fresh
@@ -133,6 +143,7 @@ class Daemon(Membership):
         # work and one signal handler, the host's; a daemon of its own process has neither.
         self.limiter: trio.CapacityLimiter | None = None
         self.handle_signals = True
+        self.exchange = exchange(self)
         if resume:
             self._restore()
 
@@ -170,12 +181,8 @@ class Daemon(Membership):
         # The replay file is written every round, so it is at least as new as the checkpoint's copy.
         if not self.replay_path.exists():
             self.replay.merge(ReplayGuard.from_dict(state.replay))
-        # Whom this node stopped listening to stays so: a restart is no amnesty for a poisoner.
-        if self.reputation is not None and isinstance(state.meta.get("reputation"), dict):
-            self.reputation.load(state.meta["reputation"])
-        if isinstance(state.meta.get("seniority"), dict):  # a restart does not make old identities young again
-            self.node.seniority.load(state.meta["seniority"])
         self.restored_blacklist = [str(p) for p in state.meta.get("blacklisted", [])]
+        self.exchange.restore(state)
         log.info(
             "resumed at round %d from checkpoint (nonce file at %d, %d peers blacklisted)",
             self.round,
@@ -194,10 +201,7 @@ class Daemon(Membership):
             "run_id": self.settings.run_id,
             "blacklisted": blacklisted,
         }
-        if self.reputation is not None:
-            meta["reputation"] = self.reputation.to_dict()
-        meta["seniority"] = self.node.seniority.to_dict()
-        return meta
+        return meta | self.exchange.checkpoint_meta()
 
     def save_peers(self) -> None:
         """The peers this node knows, for the next start (:mod:`dgrpo.daemon.local_state`)."""
@@ -228,7 +232,7 @@ class Daemon(Membership):
 
     def _admission_statistics(self) -> AdmissionStatistics:
         """Round-level rejections (the admit stage; federated mode: chunk reassembly)."""
-        return self.node.admitter.statistics()
+        return self.exchange.admission_statistics()
 
     def _blacklist(self, peer: str, reason: str) -> None:
         if self.transport is not None:
@@ -242,8 +246,10 @@ class Daemon(Membership):
             self._blacklist(peer, f"{self.arrival_evidence[peer]} rollouts rejected as {reason}")
 
     def snapshot(self) -> dict[str, Any]:
-        """What ``/status`` serves (:func:`dgrpo.daemon.snapshot.node_snapshot`)."""
-        return node_snapshot(self)
+        """What ``/status`` serves (:func:`dgrpo.daemon.snapshot.node_snapshot`, and the exchange's part)."""
+        out = node_snapshot(self)
+        self.exchange.status(out)
+        return out
 
     def write_node_file(self) -> None:
         info = {
@@ -303,7 +309,8 @@ class Daemon(Membership):
         return known
 
     async def _open_topics(self, nursery: trio.Nursery) -> None:
-        """Subscribe to topics beyond rollouts and control (federated mode's updates); none here."""
+        """Subscribe to what the exchange carries beyond rollouts and control (federated mode's updates)."""
+        await self.exchange.open(nursery)
 
     async def _signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -359,62 +366,7 @@ class Daemon(Membership):
             self._announce.set()
 
     async def _rounds(self) -> None:
-        assert self.transport is not None and self.gossip is not None
-        s = self.settings.rounds
-        await self._join()
-        self.state = "running"
-        self.round = max(self.round, 1)
-        while s.max_rounds is None or self.rounds_done < s.max_rounds:
-            self._connected_at_start = self.gossip.connected_peers()
-            await self._await_peers()
-            self._catch_up()
-            await self._keep_pace()
-            self.transport.round_horizon = self.inbox.horizon = self.rollout_horizon()
-            r = self.round
-            if s.announce_rounds:  # a heartbeat at every round start: peers see our progress within the round
-                self._announce.set()
-            if self.asynchronous:  # never waits: a late peer's rollouts count in the step where they arrive
-                outcome = await run_step(self.node, self.transport, self.inbox, r, self.limiter, s.slowdown, self.fill)
-                await self._finish_round(outcome)
-                continue
-            expected = self.expected_peers(r)
-
-            def still_expected(waiting: set[str], r: int = r) -> set[str]:
-                return waiting & self.expected_peers(r)
-
-            outcome = await run_round(
-                self.node, self.transport, self.inbox, r, expected, s.deadline_seconds, self.limiter, still_expected,
-                s.slowdown,
-            )  # fmt: skip
-            await self._finish_round(outcome)
-            if outcome.departed:
-                log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, outcome.departed)
-            # With a bounded draw (rollout.external_per_round) most peers' completions are not drawn in a given
-            # round, which is no error: there, a peer is missing when nothing of its rollouts was admitted.
-            bounded = self.settings.rollout.external_per_round is not None
-            used = {a.rollout.author for a in outcome.admission.admitted} if bounded else outcome.authors
-            missing = expected - used - set(outcome.departed)
-            if missing and outcome.at_deadline:
-                self._error(f"round {outcome.round} closed at its deadline without {sorted(missing)}")
-            elif missing:  # all delivered (quorum), but nothing of theirs was used: rejected on the way
-                what = "admitted" if bounded else "trained"
-                self._error(f"round {outcome.round} closed by quorum; nothing {what} from {sorted(missing)}")
-        self.state = "done"
-        self._announce.set()  # peers stop counting on our rollouts at once, not at the next periodic heartbeat
-        log.info("completed %d rounds", self.rounds_done)
-        if s.linger:
-            await trio.sleep_forever()  # keep gossiping and serving status until told to stop
-
-    async def _finish_round(self, outcome: RoundOutcome) -> None:
-        """After a round (or an async step): count it, tell the observers, save the replay window and, every
-        ``checkpoint.every`` rounds, the peers and a checkpoint."""
-        self.rounds_done += 1
-        self.round = outcome.round + 1
-        notify(self.observers, outcome.round, [outcome])
-        self.replay.save(self.replay_path)
-        if self.rounds_done % self.settings.checkpoint.every == 0:
-            self.save_peers()  # here, not in the thread: it reads the transport's tables
-            await trio.to_thread.run_sync(self.save_checkpoint)
+        await self.exchange.rounds()
 
     async def _shutdown(self, server: StatusServer | None) -> None:
         self.state = "stopping"

@@ -1,4 +1,5 @@
-"""``dgrpo node run --mode federated``: a daemon that is one client of a Fed-GRPO federation (docs/federated.md).
+"""``dgrpo node run --mode federated``: the exchange (:mod:`dgrpo.daemon.exchange`) that makes a daemon one client
+of a Fed-GRPO federation (docs/federated.md).
 
 Every round: load the global weights into the learner, take the client's local GRPO steps on its own
 partition of the prompts (:class:`dgrpo.federated.client.FedClient`), publish the (sparse, error-fed) update
@@ -35,9 +36,8 @@ import trio
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
 from dgrpo.daemon.daemon import Daemon
-from dgrpo.daemon.identity import check_resume
+from dgrpo.daemon.exchange import Exchange
 from dgrpo.daemon.membership import lower_median
-from dgrpo.daemon.settings import NodeSettings
 from dgrpo.errors import ConfigError
 from dgrpo.federated.agreement import agree
 from dgrpo.federated.attacks import build_attack
@@ -65,11 +65,15 @@ from dgrpo.round.admit import AdmissionStatistics
 log = logging.getLogger("dgrpo.daemon")
 
 
-class FederatedDaemon(Daemon):
-    def __init__(self, settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
-        check_resume(settings, resume, allow_fresh)  # before the base class makes a new identity
-        super().__init__(settings, resume=False, allow_fresh=allow_fresh)
-        self.resume = resume
+class FederatedExchange(Exchange):
+    """Fed-GRPO's exchange: the daemon ``d`` is one client of a federation (its model updates, never its
+    completions, leave it)."""
+
+    mode = "federated"
+
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
+        settings = d.settings
         self.cfg = settings.federated or FederatedConfig()
         if self.cfg.method != "federated":
             raise ConfigError(
@@ -80,7 +84,7 @@ class FederatedDaemon(Daemon):
         if self.client_index is not None and self.client_index >= self.cfg.clients:
             raise ConfigError(f"federation.client_index {self.client_index} must be below federated.clients")
         self.aggregator_id = settings.federation.aggregator
-        self.global_flat = flat_parameters(self.learner.model)
+        self.global_flat = flat_parameters(d.learner.model)
         self.model_size = self.global_flat.numel()
         self.global_stats: GlobalStats | None = None
         self.global_digest = digest(self.global_flat)
@@ -88,23 +92,19 @@ class FederatedDaemon(Daemon):
         self.reassembler = Reassembler(settings.limits)
         self.client: FedClient | None = None
         self.residual: torch.Tensor | None = None  # restored before the client exists
-        self.exchange = UpdateExchange(
-            self.peer_id, self.signer, self.reassembler, self.model_size, settings.run_id,
-            settings.federation.chunk_bytes,
+        self.updates = UpdateExchange(
+            d.peer_id, d.signer, self.reassembler, self.model_size, settings.run_id, settings.federation.chunk_bytes,
         )  # fmt: skip
         self.last_round: dict[str, Any] | None = None
         self.sync_server = SyncServer(self.reassembler.reject)
         self.synced: dict[str, Any] | None = None  # where a late join took the global state from
         self.resyncs: list[dict[str, Any]] = []  # rounds after which this node found itself diverged (last 16)
-        if resume:
-            self._restore()
 
     # ----------------------------------------------------------------- checkpoints
-    def _restore(self) -> CheckpointState | None:
-        state = super()._restore()
-        fed = state.meta.get("federated") if state is not None else None
+    def restore(self, state: CheckpointState) -> None:
+        fed = state.meta.get("federated")
         if not isinstance(fed, dict):
-            return state
+            return
         self.global_flat = fed["global"].clone().to(torch.float32)
         self.residual = fed["residual"].clone().to(torch.float32)
         self.aggregator.history = {str(k): float(v) for k, v in fed["history"].items()}
@@ -113,34 +113,33 @@ class FederatedDaemon(Daemon):
         self.client_index = fed.get("client_index", self.client_index)
         self.aggregator_id = fed.get("aggregator") or self.aggregator_id
         self.global_digest = digest(self.global_flat)
-        assign_parameters(self.learner.model, self.global_flat)
-        log.info("federated state restored: global %s…, round %d", self.global_digest[:12], self.round)
-        return state
+        assign_parameters(self.d.learner.model, self.global_flat)
+        log.info("federated state restored: global %s…, round %d", self.global_digest[:12], self.d.round)
 
     def checkpoint_meta(self) -> dict[str, Any]:
-        meta = super().checkpoint_meta()
         residual = self.client.feedback.residual if self.client is not None else self.residual
-        meta["federated"] = {
-            "global": self.global_flat.clone(),
-            "residual": (residual if residual is not None else torch.zeros(self.model_size)).clone(),
-            "history": dict(self.aggregator.history),
-            "global_stats": None if self.global_stats is None else [self.global_stats.mean, self.global_stats.std],
-            "client_index": self.client_index,
-            "aggregator": self.aggregator_id,
-            "topology": self.topology,
+        return {
+            "federated": {
+                "global": self.global_flat.clone(),
+                "residual": (residual if residual is not None else torch.zeros(self.model_size)).clone(),
+                "history": dict(self.aggregator.history),
+                "global_stats": None if self.global_stats is None else [self.global_stats.mean, self.global_stats.std],
+                "client_index": self.client_index,
+                "aggregator": self.aggregator_id,
+                "topology": self.topology,
+            }
         }
-        return meta
 
     # ----------------------------------------------------------------- status
-    def _admission_statistics(self) -> AdmissionStatistics:
+    def admission_statistics(self) -> AdmissionStatistics:
+        """Chunk reassembly's rejections: the admit stage of federated mode."""
         stats = self.reassembler.statistics()
         return AdmissionStatistics(stats.rejected_by_reason, stats.rejected_by_author, stats.rejected_by_author_reason)
 
     def is_aggregator(self) -> bool:
-        return self.topology == "decentralised" or self.aggregator_id == self.peer_id
+        return self.topology == "decentralised" or self.aggregator_id == self.d.peer_id
 
-    def snapshot(self) -> dict[str, Any]:
-        out = super().snapshot()
+    def status(self, out: dict[str, Any]) -> None:
         stats = self.reassembler.statistics()
         out["weights_sha256"] = self.global_digest
         out["mean_reward"] = self.last_round["local_mean"] if self.last_round else None
@@ -149,12 +148,12 @@ class FederatedDaemon(Daemon):
             "role": "aggregator" if self.is_aggregator() else "client",
             "aggregator": self.aggregator_id if self.topology == "star" else None,
             "client_index": self.client_index,
-            "round": self.round,
-            "rounds_done": self.rounds_done,
+            "round": self.d.round,
+            "rounds_done": self.d.rounds_done,
             "global_sha256": self.global_digest,
             "global_stats": None if self.global_stats is None else vars(self.global_stats),
-            "bytes_sent": self.exchange.bytes_sent,
-            "messages_sent": self.exchange.messages_sent,
+            "bytes_sent": self.updates.bytes_sent,
+            "messages_sent": self.updates.messages_sent,
             "updates_completed": stats.completed,
             "last_round": self.last_round,
             "sync": {
@@ -164,15 +163,14 @@ class FederatedDaemon(Daemon):
                 "last_resync": self.resyncs[-1] if self.resyncs else None,
             },
         }
-        return out
 
     # ----------------------------------------------------------------- the loop
-    async def _open_topics(self, nursery: trio.Nursery) -> None:
-        assert self.transport is not None and self.gossip is not None
-        await self.exchange.start(self.transport, nursery)
+    async def open(self, nursery: trio.Nursery) -> None:
+        assert self.d.transport is not None and self.d.gossip is not None
+        await self.updates.start(self.d.transport, nursery)
         # Until its first round ends a node serves the weights it starts from (round 0, or its checkpoint's).
-        await self._serve_snapshot(max(self.round - 1, 0))
-        self.gossip.serve_streams(sync_protocol(self.settings.run_id), self.sync_server.handle)
+        await self._serve_snapshot(max(self.d.round - 1, 0))
+        self.d.gossip.serve_streams(sync_protocol(self.d.settings.run_id), self.sync_server.handle)
 
     # ----------------------------------------------------------------- state sync (late joiners)
     async def _serve_snapshot(self, round_idx: int) -> None:
@@ -181,24 +179,24 @@ class FederatedDaemon(Daemon):
         flat, stats, history = self.global_flat.clone(), self.global_stats, dict(self.aggregator.history)
         aggregator = self.aggregator_id if self.topology == "star" else None
         self.sync_server.snapshot = await trio.to_thread.run_sync(
-            make_snapshot, self.identity, self.settings.run_id, round_idx, flat, stats, aggregator, history
+            make_snapshot, self.d.identity, self.d.settings.run_id, round_idx, flat, stats, aggregator, history
         )
 
     def _sync_sources(self, aggregator: str | None) -> list[str]:
         """The star's aggregator when it is another node; else up to MAX_SOURCES running peers, the most
         advanced first."""
-        assert self.transport is not None
-        if aggregator is not None and aggregator != self.peer_id:
+        assert self.d.transport is not None
+        if aggregator is not None and aggregator != self.d.peer_id:
             return [aggregator]
-        active = self.transport.peers()
-        running = [p for p in self.transport.peer_table() if p.status == "running" and p.peer_id in active]
+        active = self.d.transport.peers()
+        running = [p for p in self.d.transport.peer_table() if p.status == "running" and p.peer_id in active]
         running.sort(key=lambda p: (-p.rounds_done, p.peer_id))
         return [p.peer_id for p in running[:MAX_SOURCES]]
 
     async def _open_sync_stream(self, peer: str) -> Stream:
-        assert self.transport is not None and self.gossip is not None
-        addrs = next((p.listen_addrs for p in self.transport.peer_table() if p.peer_id == peer), ())
-        return await self.gossip.open_stream(peer, sync_protocol(self.settings.run_id), addrs)
+        assert self.d.transport is not None and self.d.gossip is not None
+        addrs = next((p.listen_addrs for p in self.d.transport.peer_table() if p.peer_id == peer), ())
+        return await self.d.gossip.open_stream(peer, sync_protocol(self.d.settings.run_id), addrs)
 
     async def _sync(self, target: int) -> GlobalState | None:
         """Take over the global state of round ``target`` (or later) from peers; None if none gave a valid one.
@@ -207,11 +205,11 @@ class FederatedDaemon(Daemon):
         Decentralised (or a star whose aggregator is this node): from up to 3 peers, the weights most of them
         hold at the highest round.
         """
-        client = SyncClient(self._open_sync_stream, self.settings.run_id, self.model_size, self.reassembler.reject)
+        client = SyncClient(self._open_sync_stream, self.d.settings.run_id, self.model_size, self.reassembler.reject)
         aggregator = self.aggregator_id if self.topology == "star" else None
         if self.topology == "star" and aggregator is None:
             aggregator = named_aggregator(await client.heads(self._sync_sources(None)))
-        wait = 2 * self.settings.rounds.deadline_seconds  # the round in progress ends within that
+        wait = 2 * self.d.settings.rounds.deadline_seconds  # the round in progress ends within that
         state = await fetch_global_state(client, partial(self._sync_sources, aggregator), target, wait, aggregator)
         if state is not None:
             await self._adopt(state, target)
@@ -219,7 +217,7 @@ class FederatedDaemon(Daemon):
 
     async def _adopt(self, state: GlobalState, target: int) -> None:
         if state.round < target:
-            self._error(f"state sync: peers hold round {state.round}, not {target}; joining at {state.round + 1}")
+            self.d._error(f"state sync: peers hold round {state.round}, not {target}; joining at {state.round + 1}")
         replaced = self.global_digest
         self.global_flat = state.weights
         self.global_digest = state.digest
@@ -232,8 +230,8 @@ class FederatedDaemon(Daemon):
         self.residual = None
         if self.client is not None:
             self.client.feedback = ErrorFeedback(self.model_size)
-        self.round = state.round + 1
-        await trio.to_thread.run_sync(assign_parameters, self.learner.model, self.global_flat)
+        self.d.round = state.round + 1
+        await trio.to_thread.run_sync(assign_parameters, self.d.learner.model, self.global_flat)
         await self._serve_snapshot(state.round)
         event = {
             "peer": state.source, "round": state.round, "global_sha256": state.digest, "replaced_sha256": replaced,
@@ -248,21 +246,21 @@ class FederatedDaemon(Daemon):
         A peer still at round 0 once the federation is past its first round is joining: it starts after the
         round in progress (``_join``) and never sends this one, so waiting for it would only hold the round to
         its deadline."""
-        assert self.transport is not None
-        table = {p.peer_id: p for p in self.transport.peer_table()}
-        sent = set(self.exchange.submissions.get(round_idx, {}))
+        assert self.d.transport is not None
+        table = {p.peer_id: p for p in self.d.transport.peer_table()}
+        sent = set(self.updates.submissions.get(round_idx, {}))
 
         def will_send(peer: str) -> bool:
             joining = table[peer].round == 0 and round_idx > 1
             done = table[peer].status == "done"  # it ran all its rounds: it sends no more updates
             return table[peer].round <= round_idx and not joining and not done
 
-        return {p for p in self.transport.peers() if will_send(p) or p in sent}
+        return {p for p in self.d.transport.peers() if will_send(p) or p in sent}
 
     def heard_round(self) -> int:
         """The newest round the live peers sent updates for, by the lower median over them; 0 if none was heard."""
-        live = self.live_peers()
-        return lower_median(r for peer, r in self.exchange.latest.items() if peer in live)
+        live = self.d.live_peers()
+        return lower_median(r for peer, r in self.updates.latest.items() if peer in live)
 
     def awaited(self, round_idx: int) -> set[str]:
         """Peers whose update for ``round_idx`` is still worth waiting for: the live ones, and those that announced
@@ -270,29 +268,29 @@ class FederatedDaemon(Daemon):
         one, so a stopping peer whose heartbeat names a later round sent its update before; so did one whose
         chunks of it have started arriving. Without them a node that happened to be slower than its peers to
         finish the round would close it without that update, unlike the others."""
-        assert self.transport is not None and self.gossip is not None
-        connected = self.gossip.connected_peers() - set(self.gossip.blacklisted())
+        assert self.d.transport is not None and self.d.gossip is not None
+        connected = self.d.gossip.connected_peers() - set(self.d.gossip.blacklisted())
         started = self.reassembler.started("update", round_idx)
         leaving = {
             p.peer_id
-            for p in self.transport.peer_table()
+            for p in self.d.transport.peer_table()
             if p.status == "stopping" and p.peer_id in connected and (p.round > round_idx or p.peer_id in started)
         }
-        return self.live_peers() | leaving
+        return self.d.live_peers() | leaving
 
     def _setup_client(self) -> FedClient:
         """The client: its partition index and the aggregator are fixed at the first round (and checkpointed)."""
-        assert self.transport is not None
-        present = sorted(self.transport.peers() | {self.peer_id})
+        assert self.d.transport is not None
+        present = sorted(self.d.transport.peers() | {self.d.peer_id})
         if self.client_index is None:
-            self.client_index = present.index(self.peer_id)
+            self.client_index = present.index(self.d.peer_id)
             if self.client_index >= self.cfg.clients:
                 raise ConfigError(f"{len(present)} nodes present but federated.clients = {self.cfg.clients}")
         if self.topology == "star" and self.aggregator_id is None:
             self.aggregator_id = present[0]
-        self.exchange.aggregator = self.aggregator_id if self.topology == "star" else None
-        cfg, s = self.cfg, self.settings
-        task = self.node.task
+        self.updates.aggregator = self.aggregator_id if self.topology == "star" else None
+        cfg, s = self.cfg, self.d.settings
+        task = self.d.node.task
         prompts = client_prompts(
             task, cfg.partition, cfg.clients, cfg.prompts_per_client, s.run_id, cfg.noisy_clients, cfg.label_noise
         )
@@ -300,7 +298,7 @@ class FederatedDaemon(Daemon):
         if cfg.attack is not None and self.client_index >= cfg.clients - cfg.attack.clients:
             attack = build_attack(cfg.attack.name, cfg.attack.options)
         client = FedClient(
-            self.peer_id, s.run_id, task, self.learner, [(self.peer_id, prompts[self.client_index])], cfg,
+            self.d.peer_id, s.run_id, task, self.d.learner, [(self.d.peer_id, prompts[self.client_index])], cfg,
             s.sampling, attack,
         )  # fmt: skip
         if self.residual is not None:
@@ -311,55 +309,55 @@ class FederatedDaemon(Daemon):
         )  # fmt: skip
         return client
 
-    async def _rounds(self) -> None:
-        assert self.transport is not None
-        s = self.settings.rounds
-        resumed_at = self.round
-        await self._join()
+    async def rounds(self) -> None:
+        assert self.d.transport is not None
+        s = self.d.settings.rounds
+        resumed_at = self.d.round
+        await self.d._join()
         heard = self.heard_round()
-        if self.round > max(resumed_at, 1) and heard >= self.round:
+        if self.d.round > max(resumed_at, 1) and heard >= self.d.round:
             # Heartbeats go out at every round start, but one may still be on its way: updates already heard
             # for the round we meant to join show the federation is further along.
             log.info("joining at round %d (updates of round %d already heard)", heard + 1, heard)
-            self.round = heard + 1
-        if self.round > max(resumed_at, 1):
+            self.d.round = heard + 1
+        if self.d.round > max(resumed_at, 1):
             if self.topology == "decentralised":
                 # Every node must aggregate the same set of updates, and each decides whom to wait for from the
                 # heartbeats it has: start one round later, so that by then all have heard at which round we
                 # start (the next round may already be under way at some of them).
-                self.round += 1
-                log.info("decentralised: starting at round %d", self.round)
+                self.d.round += 1
+                log.info("decentralised: starting at round %d", self.d.round)
             # Keep the updates of the rounds from here on, rather than reject them as future.
-            self.exchange.advance(self.round - 1)
-            self._announce.set()  # the round we start at, before the federation reaches it
-            if await self._sync(self.round - 1) is None:
-                self._error(
-                    f"joining a federation at round {self.round}: no peer served its global weights; "
+            self.updates.advance(self.d.round - 1)
+            self.d._announce.set()  # the round we start at, before the federation reaches it
+            if await self._sync(self.d.round - 1) is None:
+                self.d._error(
+                    f"joining a federation at round {self.d.round}: no peer served its global weights; "
                     "these may be behind the others'"
                 )
-        self.state = "running"
-        self.round = max(self.round, 1)
+        self.d.state = "running"
+        self.d.round = max(self.d.round, 1)
         self.client = self._setup_client()
-        while s.max_rounds is None or self.rounds_done < s.max_rounds:
-            self._connected_at_start = self.gossip.connected_peers() if self.gossip is not None else set()
+        while s.max_rounds is None or self.d.rounds_done < s.max_rounds:
+            self.d._connected_at_start = self.d.gossip.connected_peers() if self.d.gossip is not None else set()
             # A heartbeat at every round start: peers and joiners see where we are (after a join, the round after
             # the state taken, which may be later than the one announced before the sync).
-            self._announce.set()
-            diverged = await self._federated_round(self.client, self.round)
+            self.d._announce.set()
+            diverged = await self._federated_round(self.client, self.d.round)
             # Counted before anything else can be interrupted: a stopping heartbeat names the next round, which
             # tells the others this one's update went out (``awaited``).
-            self.rounds_done += 1
-            self.round += 1
+            self.d.rounds_done += 1
+            self.d.round += 1
             if diverged:  # it does not hand its weights to joiners, it takes the federation's over
-                await self._resync(self.round - 1)
+                await self._resync(self.d.round - 1)
             else:
-                await self._serve_snapshot(self.round - 1)
-            self.replay.save(self.replay_path)
-            if self.rounds_done % self.settings.checkpoint.every == 0:
-                self.save_peers()
-                await trio.to_thread.run_sync(self.save_checkpoint)
-        self.state = "done"
-        log.info("completed %d federated rounds; global weights %s", self.rounds_done, self.global_digest)
+                await self._serve_snapshot(self.d.round - 1)
+            self.d.replay.save(self.d.replay_path)
+            if self.d.rounds_done % self.d.settings.checkpoint.every == 0:
+                self.d.save_peers()
+                await trio.to_thread.run_sync(self.d.save_checkpoint)
+        self.d.state = "done"
+        log.info("completed %d federated rounds; global weights %s", self.d.rounds_done, self.global_digest)
         if s.linger:
             await trio.sleep_forever()
 
@@ -376,13 +374,13 @@ class FederatedDaemon(Daemon):
         if state is not None:
             log.warning("diverged after round %d: took the federation's state %s… over", r, self.global_digest[:12])
         else:
-            self._error(f"diverged after round {r}: no peer served the federation's state; training on apart")
+            self.d._error(f"diverged after round {r}: no peer served the federation's state; training on apart")
 
     async def _federated_round(self, client: FedClient, r: int) -> bool:
         """Round ``r``; returns whether this node found its global weights differ from the federation's."""
         t0 = time.time()
-        deadline = self.settings.rounds.deadline_seconds
-        ex = self.exchange
+        deadline = self.d.settings.rounds.deadline_seconds
+        ex = self.updates
         ex.advance(r)
         await trio.to_thread.run_sync(client.load_global, self.global_flat)
         result = await trio.to_thread.run_sync(client.local_round, r, self.global_stats)
@@ -390,17 +388,17 @@ class FederatedDaemon(Daemon):
         payload = await trio.to_thread.run_sync(encode, sub.update)
         # What the others decode, so every aggregating node sums the same bits.
         base = bytes.fromhex(self.global_digest)
-        ex.add_own(Submission(self.peer_id, r, sub.stats, decode(payload, self.model_size)), base)
+        ex.add_own(Submission(self.d.peer_id, r, sub.stats, decode(payload, self.model_size)), base)
         await ex.publish_update(r, sub.stats, payload, base)
         row: dict[str, Any] = {"local_mean": result.stats.mean, "local_std": result.stats.std}
         diverged = False
         if self.is_aggregator():
-            expected = self.expected_peers(r) | {self.peer_id}
+            expected = self.expected_peers(r) | {self.d.peer_id}
             # A peer that announces ``stopping`` before sending this round's update, falls silent or disconnects
             # is no longer waited for (once what it sent before has been handled).
             await ex.wait(
                 lambda: updates_complete(
-                    expected, set(ex.submissions.get(r, {})), self.awaited(r) | {self.peer_id}, ex.settled()
+                    expected, set(ex.submissions.get(r, {})), self.awaited(r) | {self.d.peer_id}, ex.settled()
                 ),
                 deadline,
             )
@@ -428,7 +426,7 @@ class FederatedDaemon(Daemon):
             glob = ex.globals.get(r) if arrived else None
             delta, stats, weights = (glob.delta, glob.stats, glob.weights) if glob else (None, None, {})
             if glob is None:
-                self._error(f"round {r}: no global update from {self.aggregator_id} in {2 * deadline:.0f}s")
+                self.d._error(f"round {r}: no global update from {self.aggregator_id} in {2 * deadline:.0f}s")
             elif glob.base != base:
                 log.warning("round %d: the aggregator's global update applies to other global weights", r)
                 diverged = True
@@ -439,7 +437,7 @@ class FederatedDaemon(Daemon):
         await trio.to_thread.run_sync(client.load_global, self.global_flat)
         row |= {
             "round": r,
-            "peer": self.peer_id,
+            "peer": self.d.peer_id,
             "mode": "federated",
             "topology": self.topology,
             "role": "aggregator" if self.is_aggregator() else "client",
@@ -453,13 +451,13 @@ class FederatedDaemon(Daemon):
             "seconds": round(time.time() - t0, 3),
         }
         self.last_round = row
-        self.metrics.round.set(r)
-        self.metrics.mean_reward.set(result.stats.mean)
-        self.metrics.round_seconds.set(row["seconds"])
+        self.d.metrics.round.set(r)
+        self.d.metrics.mean_reward.set(result.stats.mean)
+        self.d.metrics.round_seconds.set(row["seconds"])
         row["diverged"] = diverged
         if row.get("missing"):
-            self._error(f"round {r} closed at its deadline without {row['missing']}")
-        with (self.settings.state_dir / "rounds.jsonl").open("a") as f:
+            self.d._error(f"round {r} closed at its deadline without {row['missing']}")
+        with (self.d.settings.state_dir / "rounds.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         log.info("federated round %s", json.dumps(row))
         return diverged

@@ -9,25 +9,37 @@ from typing import Any
 
 import trio
 
+from dgrpo.daemon.completions import CompletionExchange
 from dgrpo.daemon.daemon import Daemon
-from dgrpo.daemon.federated import FederatedDaemon
+from dgrpo.daemon.exchange import Exchange
+from dgrpo.daemon.federated import FederatedExchange
 from dgrpo.daemon.fresh import FreshStart, move_aside
 from dgrpo.daemon.settings import NodeSettings
 
+EXCHANGES: dict[str, type[CompletionExchange] | type[FederatedExchange]] = {
+    CompletionExchange.mode: CompletionExchange,
+    FederatedExchange.mode: FederatedExchange,
+}
+
+
+def exchange_for(settings: NodeSettings) -> type[Exchange]:
+    """The exchange of the settings' ``mode`` (:mod:`dgrpo.daemon.exchange`)."""
+    return EXCHANGES[settings.mode]
+
 
 def open_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> Daemon:
-    """The daemon of ``settings``: resumed from its state (``resume``), or, with ``allow_fresh``, a new node
-    where resuming is impossible (or always, without ``resume``), the old state moved aside
-    (:mod:`dgrpo.daemon.fresh`)."""
-    cls: type[Daemon] = FederatedDaemon if settings.mode == "federated" else Daemon
+    """The daemon of ``settings``, with its mode's exchange: resumed from its state (``resume``), or, with
+    ``allow_fresh``, a new node where resuming is impossible (or always, without ``resume``), the old state moved
+    aside (:mod:`dgrpo.daemon.fresh`)."""
+    exchange = exchange_for(settings)
     if allow_fresh and not resume:
         move_aside(settings, "a fresh node was asked for")
-        return cls(settings)
+        return Daemon(settings, exchange)
     try:
-        return cls(settings, resume=resume, allow_fresh=allow_fresh)
+        return Daemon(settings, exchange, resume=resume, allow_fresh=allow_fresh)
     except FreshStart as why:
         move_aside(settings, str(why))
-        return cls(settings)
+        return Daemon(settings, exchange)
 
 
 def run_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:

@@ -1,0 +1,116 @@
+"""Decentralised GRPO's exchange (``mode = "httt"``, the default; "Hail to the Thief"): completion strings.
+
+Every round (or async step) the daemon's node generates and publishes its rollouts, receives its peers' until
+every expected peer delivered or the deadline passed (sync), or takes what has arrived (async), then draws,
+defends, scores and trains (:func:`dgrpo.round.run.run_round`, :func:`dgrpo.round.run.run_step`). The
+receive path (validation, dedup, quotas) runs in the transport; who is expected, who departed and where a late
+node rejoins is the daemon's membership (:mod:`dgrpo.daemon.membership`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from dgrpo.daemon.checkpoint import CheckpointState
+from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.exchange import Exchange
+from dgrpo.round.admit import AdmissionStatistics
+from dgrpo.round.observer import notify
+from dgrpo.round.outcome import RoundOutcome
+from dgrpo.round.run import run_round, run_step
+
+log = logging.getLogger("dgrpo.daemon")
+
+
+class CompletionExchange(Exchange):
+    mode = "httt"
+
+    def __init__(self, d: Daemon) -> None:
+        self.d = d
+
+    def restore(self, state: CheckpointState) -> None:
+        d = self.d
+        # Whom this node stopped listening to stays so: a restart is no amnesty for a poisoner.
+        if d.reputation is not None and isinstance(state.meta.get("reputation"), dict):
+            d.reputation.load(state.meta["reputation"])
+        if isinstance(state.meta.get("seniority"), dict):  # a restart does not make old identities young again
+            d.node.seniority.load(state.meta["seniority"])
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        d = self.d
+        meta: dict[str, Any] = {"seniority": d.node.seniority.to_dict()}
+        if d.reputation is not None:
+            meta["reputation"] = d.reputation.to_dict()
+        return meta
+
+    def admission_statistics(self) -> AdmissionStatistics:
+        """The admit stage's rejections."""
+        return self.d.node.admitter.statistics()
+
+    def status(self, out: dict[str, Any]) -> None:
+        """Nothing to add: the daemon's ``/status`` is this mode's (draw, defense, reward, ...)."""
+
+    async def open(self, nursery: trio.Nursery) -> None:
+        """Nothing beyond rollouts and control, which the transport subscribes to."""
+
+    async def rounds(self) -> None:
+        d = self.d
+        assert d.transport is not None and d.gossip is not None
+        s = d.settings.rounds
+        await d._join()
+        d.state = "running"
+        d.round = max(d.round, 1)
+        while s.max_rounds is None or d.rounds_done < s.max_rounds:
+            d._connected_at_start = d.gossip.connected_peers()
+            await d._await_peers()
+            d._catch_up()
+            await d._keep_pace()
+            d.transport.round_horizon = d.inbox.horizon = d.rollout_horizon()
+            r = d.round
+            if s.announce_rounds:  # a heartbeat at every round start: peers see our progress within the round
+                d._announce.set()
+            if d.asynchronous:  # never waits: a late peer's rollouts count in the step where they arrive
+                outcome = await run_step(d.node, d.transport, d.inbox, r, d.limiter, s.slowdown, d.fill)
+                await self._finish_round(outcome)
+                continue
+            expected = d.expected_peers(r)
+
+            def still_expected(waiting: set[str], r: int = r) -> set[str]:
+                return waiting & d.expected_peers(r)
+
+            outcome = await run_round(
+                d.node, d.transport, d.inbox, r, expected, s.deadline_seconds, d.limiter, still_expected,
+                s.slowdown,
+            )  # fmt: skip
+            await self._finish_round(outcome)
+            if outcome.departed:
+                log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, outcome.departed)
+            # With a bounded draw (rollout.external_per_round) most peers' completions are not drawn in a given
+            # round, which is no error: there, a peer is missing when nothing of its rollouts was admitted.
+            bounded = d.settings.rollout.external_per_round is not None
+            used = {a.rollout.author for a in outcome.admission.admitted} if bounded else outcome.authors
+            missing = expected - used - set(outcome.departed)
+            if missing and outcome.at_deadline:
+                d._error(f"round {outcome.round} closed at its deadline without {sorted(missing)}")
+            elif missing:  # all delivered (quorum), but nothing of theirs was used: rejected on the way
+                what = "admitted" if bounded else "trained"
+                d._error(f"round {outcome.round} closed by quorum; nothing {what} from {sorted(missing)}")
+        d.state = "done"
+        d._announce.set()  # peers stop counting on our rollouts at once, not at the next periodic heartbeat
+        log.info("completed %d rounds", d.rounds_done)
+        if s.linger:
+            await trio.sleep_forever()  # keep gossiping and serving status until told to stop
+
+    async def _finish_round(self, outcome: RoundOutcome) -> None:
+        """After a round (or an async step): count it, tell the observers, save the replay window and, every
+        ``checkpoint.every`` rounds, the peers and a checkpoint."""
+        self.d.rounds_done += 1
+        self.d.round = outcome.round + 1
+        notify(self.d.observers, outcome.round, [outcome])
+        self.d.replay.save(self.d.replay_path)
+        if self.d.rounds_done % self.d.settings.checkpoint.every == 0:
+            self.d.save_peers()  # here, not in the thread: it reads the transport's tables
+            await trio.to_thread.run_sync(self.d.save_checkpoint)
