@@ -56,7 +56,7 @@ ROWS: list[tuple[str, str, list[str]]] = [
         [*DENSE_FED_GRPO, "federated.weights.temperature=0.5", "federated.partition=arith-digits"],
     ),
     # A federation whose learning signals really differ (issue 25): each client one difficulty level (operand
-    # lengths 2+2, 2+3, then 3+3 for the rest; the tiny model solves about 2%, 28%, 55% of them) and the last
+    # lengths 2+2, 2+3, then 3+3 for the rest; the untrained tiny model solves 6%, 26%, 57% of them) and the last
     # client's data noisy (75% of its prompts carry another prompt's answer): docs/federated.md.
     ("centralized (skewed)", "fed-centralized-skewed", []),
     ("FedAvg (skewed)", "fed-avg-skewed", []),

@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_contracts_hold() -> None:
-    # lint-imports reads the contracts in pyproject.toml: layers downwards only, no cycles between
-    # subpackages, and no torch/transformers under the configuration or the protocol.
+    # lint-imports reads the contracts in pyproject.toml: layers downwards only, no import cycles between any
+    # two modules or sibling packages of dgrpo, and no torch/transformers under the configuration or the protocol.
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint is not None, "import-linter is a test dependency (pip install -e .[test])"
     result = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)

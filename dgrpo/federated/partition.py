@@ -12,9 +12,9 @@ makes addition hard for the tiny model; ``arith-digits`` (digit count of the ope
 Those cut one natural pool, so every client still holds mostly the task's common prompts, and the clients'
 learning signals differ at most 2x (docs/federated.md). A *levelled* partition (``LEVELS``) gives each client
 prompts of one difficulty level instead, drawn from the whole training set: the first clients one level
-each, the others the last level. ``arith-levels``: operand lengths 2+2 (the tiny model solves 2%: almost no
-reward variance), 2+3 (about 28%), 3+3 (about 55%) (``docs/federated.md``, "A federation whose signals
-differ", measured with ``scripts/fed_levels.py``). As in Fed-GRPO's MATH split by difficulty level.
+each, the others the last level. ``arith-levels``: operand lengths 2+2 (the untrained tiny model solves 6%:
+little reward variance), 2+3 (26%), 3+3 (57%) (``scripts/fed_levels.py``; docs/federated.md). As in
+Fed-GRPO's MATH split by difficulty level.
 
 Noisy data (:func:`add_label_noise`): the last ``noisy_clients`` clients hold prompts of which a fraction
 ``label_noise`` carry another of their prompts' reference answer (shuffled labels, the usual model of noisy
