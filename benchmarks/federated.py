@@ -124,6 +124,7 @@ def row_result(name: str, scenario: str, overrides: list[str], out: Path) -> dic
         "scenario": scenario,
         "overrides": overrides,
         "seeds": len(runs),
+        "clients": per_client(out, name, len(runs)),
         "final_accuracy": statistics.mean(finals),
         "final_accuracy_std": statistics.stdev(finals) if len(finals) > 1 else None,
         "final_accuracies": finals,
@@ -135,6 +136,42 @@ def row_result(name: str, scenario: str, overrides: list[str], out: Path) -> dic
         "attacker_influence": mean_of("attacker_influence"),
         "wall_seconds": statistics.mean(r["wall_seconds"] for r in runs),
     }
+
+
+def per_client(out: Path, name: str, seeds: int) -> dict[str, dict[str, list[float]]]:
+    """Per client, its reward signal (mean group std) and its aggregation weight in each round, averaged over
+    the seeds (``metrics.jsonl``): why a weighting does or does not move the federation."""
+    rows = [
+        [json.loads(line) for line in (folder(out, name, seed) / "metrics.jsonl").read_text().splitlines()]
+        for seed in range(seeds)
+        if (folder(out, name, seed) / "metrics.jsonl").is_file()
+    ]
+    if not rows:
+        return {}
+    out_: dict[str, dict[str, list[float]]] = {}
+    for client in rows[0][0].get("client_signal", {}):
+        signal = [statistics.mean(run[i]["client_signal"][client] for run in rows) for i in range(len(rows[0]))]
+        weight = [
+            statistics.mean(run[i]["weights"][client] for run in rows) if "weights" in rows[0][i] else None
+            for i in range(len(rows[0]))
+        ]
+        out_[client] = {"signal": signal, "weight": [w for w in weight if w is not None]}
+    return out_
+
+
+def client_table(rows: list[dict[str, Any]]) -> str:
+    """Mean signal and mean weight per client over the rounds (and the seeds), one line per row."""
+    lines = []
+    for r in rows:
+        clients = r.get("clients") or {}
+        if not clients:
+            continue
+        parts = []
+        for client, series in clients.items():
+            weight = f", weight {statistics.mean(series['weight']):.2f}" if series["weight"] else ""
+            parts.append(f"{client} signal {statistics.mean(series['signal']):.2f}{weight}")
+        lines.append(f"{r['method']}: " + "; ".join(parts))
+    return "\n".join(lines)
 
 
 def fmt(value: float | None, spec: str) -> str:
@@ -289,7 +326,7 @@ def main() -> None:
     rows = [r for r in (row_result(n, sc, o, args.out) for n, sc, o in chosen) if r is not None]
     (args.out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
     with (args.out / "table.csv").open("w", newline="") as f:
-        fields = [k for k in rows[0] if k not in ("accuracy", "overrides", "final_accuracies")]
+        fields = [k for k in rows[0] if k not in ("accuracy", "overrides", "final_accuracies", "clients")]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
@@ -299,6 +336,7 @@ def main() -> None:
     print(table)
     for line in targets({r["method"]: r for r in rows}):
         print(line)
+    print(client_table(rows))
     if args.flower:
         side_by_side(chosen, args.out, args.reuse or args.assemble)
 
