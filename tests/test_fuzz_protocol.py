@@ -156,7 +156,7 @@ def like(value: Any) -> st.SearchStrategy[Any]:
     if isinstance(value, str):
         return st.text(max_size=300) | st.sampled_from(("rollout", "heartbeat", "update", "global", "other-run"))
     if isinstance(value, bytes):
-        return st.binary(min_size=len(value) - 1, max_size=len(value) + 1)
+        return st.binary(min_size=max(len(value) - 1, 0), max_size=len(value) + 1)  # empty bytes: not -1
     if isinstance(value, list):
         return st.lists(st.text(max_size=40), max_size=80)
     return VALUES
