@@ -26,6 +26,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,13 +132,13 @@ class Deployment:
         """SIGTERM to every process group started (SuperNodes first), then whatever they left, by tag."""
         for p in reversed(self.procs):
             if p.poll() is None:
-                with _gone():
+                with suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGTERM)
         for p in self.procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                with _gone():
+                with suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         deadline = time.monotonic() + 5  # the SuperExec leaves on its own once its parent is gone
@@ -146,18 +147,8 @@ class Deployment:
         left = _tagged(self.tag)
         self.timings["left_running"] = len(left)  # killed now; 0 when every process stopped on SIGTERM
         for pid in left:
-            with _gone():
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-class _gone:
-    """Ignore a process that has already exited."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
-        return kind is ProcessLookupError
 
 
 class deploy:

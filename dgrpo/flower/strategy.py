@@ -34,7 +34,6 @@ from dgrpo.flower.records import (
     stats_of,
     update_bytes,
     update_of,
-    weights_of,
     weights_record,
 )
 
@@ -170,6 +169,3 @@ class FedGRPO(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
-
-    def weights(self, arrays: ArrayRecord) -> torch.Tensor:
-        return weights_of(arrays)
