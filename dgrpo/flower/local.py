@@ -146,9 +146,17 @@ class Deployment:
             time.sleep(0.2)
         left = _tagged(self.tag)
         self.timings["left_running"] = len(left)  # killed now; 0 when every process stopped on SIGTERM
-        for pid in left:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # Sweep until none is left: a process being killed can still start one (Ray's raylet starts workers,
+        # the local SuperLink its SuperExec), and a SIGKILLed one stays listed until the kernel tears it down.
+        deadline = time.monotonic() + 20
+        while left and time.monotonic() < deadline:
+            for pid in left:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+            left = _tagged(self.tag)
+        if left:
+            raise DeploymentError(f"processes {left} of deployment {self.tag} survived SIGKILL for 20 s")
 
 
 class deploy:
