@@ -10,8 +10,9 @@ SUDO=""
 # programs in a bubblewrap sandbox (bwrap >= 0.8), under an interpreter its unprivileged user can read:
 # Debian's python3 when the node's own lives somewhere it cannot (pyenv under /root). libseccomp compiles the
 # sandbox's seccomp filters (through pyseccomp). The NAT-traversal tests build home routers from network
-# namespaces: iproute2 (ip netns, veth) and nftables (masquerade).
-PACKAGES=(libgmp-dev build-essential bubblewrap python3 libseccomp2 iproute2 nftables)
+# namespaces: iproute2 (ip netns, veth) and nftables (masquerade). The browser tests drive Debian's chromium
+# through Playwright (whose own browser download cannot be reached from here).
+PACKAGES=(libgmp-dev build-essential bubblewrap python3 libseccomp2 iproute2 nftables chromium)
 missing=()
 for pkg in "${PACKAGES[@]}"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
 if [ ${#missing[@]} -gt 0 ]; then
