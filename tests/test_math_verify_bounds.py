@@ -103,8 +103,9 @@ def test_an_answer_that_would_run_forever_is_cut_off_and_the_worker_comes_back()
 def test_the_worker_runs_under_a_memory_cap() -> None:
     v = BoundedVerifier(timeout_seconds=TIMEOUT, memory_bytes=768 << 20)
     v.start()
-    assert v._proc is not None
-    limits = Path(f"/proc/{v._proc.pid}/limits").read_text()
+    pid = v._worker.pid
+    assert pid is not None
+    limits = Path(f"/proc/{pid}/limits").read_text()
     line = next(row for row in limits.splitlines() if row.startswith("Max address space"))
     assert line.split()[3:5] == [str(768 << 20), str(768 << 20)]
     v.close()

@@ -5,6 +5,7 @@ from dgrpo.tasks import arith as arith
 from dgrpo.tasks import arith_code as arith_code
 from dgrpo.tasks import code as code
 from dgrpo.tasks import gsm8k as gsm8k
+from dgrpo.tasks import gym as gym
 from dgrpo.tasks.base import Prompt, Task
 from dgrpo.tasks.registry import TASKS, get_task
 

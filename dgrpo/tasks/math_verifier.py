@@ -13,13 +13,7 @@ It is a bound on time and memory, not an isolation boundary: math-verify parses 
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
-import os
-import select
-import subprocess
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -27,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dgrpo.errors import DgrpoError
+from dgrpo.tasks.bounded_worker import BoundedWorker, WorkerError
 
 log = logging.getLogger(__name__)
 
-READY_SECONDS = 120.0  # importing sympy takes about a second; a loaded machine may take longer
 CACHE_SIZE = 65536
 
 
@@ -57,10 +51,8 @@ class BoundedVerifier:
         self.memory_bytes = memory_bytes
         self.stats = VerifierStats()
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[str] | None = None
-        self._started_once = False
+        self._worker = BoundedWorker("dgrpo.tasks.math_worker", memory_bytes, "math-verify")
         self._cache: OrderedDict[tuple[str, str], bool] = OrderedDict()
-        atexit.register(self.close)
 
     def verify(self, answer: str, gold: str) -> bool:
         return self.verify_many([(answer, gold)])[0]
@@ -72,13 +64,13 @@ class BoundedVerifier:
     def start(self) -> None:
         """Start the worker now (it imports sympy: about a second), so that a missing math-verify fails early."""
         with self._lock:
-            self._worker()
+            try:
+                self._worker.start()
+            except WorkerError as exc:
+                raise MathVerifierError(f"{exc}: math-verify") from None
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        self._worker.close()
 
     # ------------------------------------------------------------------ internals (under the lock)
     def _one(self, answer: str, gold: str) -> bool:
@@ -99,61 +91,26 @@ class BoundedVerifier:
         return verdict
 
     def _ask(self, answer: str, gold: str) -> tuple[bool, str]:
-        proc = self._worker()
-        assert proc.stdin is not None and proc.stdout is not None
         try:
-            proc.stdin.write(json.dumps({"a": answer, "g": gold}) + "\n")
-            proc.stdin.flush()
-        except OSError:
-            self.close()
-            return False, "worker_died"
-        line = _readline(proc, self.timeout_seconds)
-        if line is None:
+            line, reason = self._worker.ask({"a": answer, "g": gold}, self.timeout_seconds)
+        except WorkerError as exc:
+            raise MathVerifierError(f"{exc}: math-verify") from None
+        self.stats.restarts = self._worker.restarts
+        if reason == "timeout":
             self.stats.timeouts += 1
             limit = self.timeout_seconds
             log.warning("math-verify: an answer took over %.1f s; worker restarted (answer %r)", limit, answer[:80])
-            self.close()
             return False, "timeout"
+        if reason:
+            return False, reason
         if line == "m":
             self.stats.out_of_memory += 1
-            self.close()  # its heap may be fragmented past use: start afresh
+            self._worker.close()  # its heap may be fragmented past use: start afresh
             return False, "memory"
         if line not in ("0", "1"):
-            self.close()
+            self._worker.close()
             return False, "worker_died"
         return line == "1", ""
-
-    def _worker(self) -> subprocess.Popen[str]:
-        if self._proc is not None and self._proc.poll() is None:
-            return self._proc
-        if self._started_once:
-            self.stats.restarts += 1
-        self._started_once = True
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dgrpo.tasks.math_worker", str(self.memory_bytes)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-        if _readline(proc, READY_SECONDS) != "ready":
-            proc.kill()
-            proc.wait()
-            raise MathVerifierError("the math-verify worker did not start (is math-verify installed?)")
-        self._proc = proc
-        return proc
-
-
-def _readline(proc: subprocess.Popen[str], timeout: float) -> str | None:
-    """One line from the worker within ``timeout`` seconds, or None (overrun, or the worker died)."""
-    assert proc.stdout is not None
-    poller = select.poll()
-    poller.register(proc.stdout.fileno(), select.POLLIN | select.POLLHUP)
-    if not poller.poll(max(1, int(timeout * 1000))):
-        return None
-    line = proc.stdout.readline()
-    return line.strip() if line else None
 
 
 _shared: BoundedVerifier | None = None

@@ -10,20 +10,15 @@ math-verify's own signal-based timeouts are off: the parent's bound is the one t
 
 from __future__ import annotations
 
-import ctypes
 import json
-import resource
-import signal
 import sys
 from typing import Any
 
-PR_SET_PDEATHSIG = 1
+from dgrpo.tasks.bounded_worker import worker_prelude
 
 
 def main(argv: list[str]) -> int:
-    memory = int(argv[1])
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    worker_prelude(int(argv[1]))
     from math_verify import parse, verify
 
     # Warm up: math-verify loads its LaTeX grammar on first use; that must not count against an answer.
