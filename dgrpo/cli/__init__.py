@@ -118,17 +118,41 @@ def simulate(
 @command(app)
 def report(
     runs: Annotated[list[Path], typer.Argument(help="run folders (each with a summary.json)")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="where report.md/.csv/.png go")] = Path("runs/report"),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="where report.md/.csv/.png go (default runs/report); with --html, the page's file "
+            "(default RUN/report.html; one run only)",
+        ),
+    ] = None,
     baseline: Annotated[
         Path | None, typer.Option(help="an honest-only run: lengths are reported relative to it (DoS)")
     ] = None,
+    html: Annotated[
+        bool, typer.Option("--html", help="one self-contained HTML page per run instead of the comparison table")
+    ] = False,
 ) -> None:
-    """Compare runs: a markdown and CSV table and one overlay plot of ASR and honest accuracy per round."""
+    """Compare runs: a markdown and CSV table and one overlay plot of ASR and honest accuracy per round.
+    With --html: one page per run (configuration, curves, attack, defense, peers; compression and client
+    weights for a federated run) that opens with no network."""
+    if html:
+        from dgrpo.simulations.html_report import write_report
+
+        if out is not None and len(runs) > 1:
+            raise ConfigError("--out names one page: give one run folder with it, or leave --out out")
+        if baseline is not None:
+            raise ConfigError("--baseline is for the comparison table, not --html")
+        for run in runs:
+            console.print(f"written: {write_report(run, out)}", markup=False, soft_wrap=True)
+        return
     from dgrpo.simulations.report import build_report, to_markdown
 
-    rows = build_report(runs, out, baseline)
+    folder = out if out is not None else Path("runs/report")
+    rows = build_report(runs, folder, baseline)
     console.print(to_markdown(rows))
-    console.print(f"written: {out}/report.md, {out}/report.csv, {out}/report.png")
+    console.print(f"written: {folder}/report.md, {folder}/report.csv, {folder}/report.png")
 
 
 testnet_app = typer.Typer(help="A local testnet of daemons on 127.0.0.1.", no_args_is_help=True)
@@ -154,6 +178,7 @@ def keygen(
 
 
 TABLE_ROWS = 20  # a live table shows this many nodes, and the others in one line
+PAGES_LISTED = 5  # `testnet up` prints the live page of this many nodes
 
 
 def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> Any:
@@ -334,6 +359,12 @@ def testnet_up(
     names = [f"node-{nd.index}" + (f" ({attack[0]})" if attack and nd.index >= n - attack[1] else "") for nd in nodes]
     console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")
     console.print(f"another machine joins with: {join_command(nodes[0])}")
+    pages = [(nd.index, nd.page_url()) for nd in nodes]
+    for i, page in pages[:PAGES_LISTED]:
+        console.print(f"node-{i} live page: {page or '(status server off)'}")
+    if len(pages) > PAGES_LISTED:
+        console.print(f"... and {len(pages) - PAGES_LISTED} more (status_url in {out}/node-<i>/node.json)")
+    console.print("open a live page in a browser: the node, its peers and its reward curve, updated every 2 s")
     if background:
         console.print(f"running in the background; `dgrpo status {out}/node-0`, `dgrpo testnet down --out {out}`")
         return

@@ -10,5 +10,7 @@ from dgrpo.config.sections import Section
 
 
 class TaskConfig(Section):
-    name: Annotated[str, Field(description="task name: arith, arith-code, gsm8k, gym (reasoning-gym), code, humaneval")] = "arith"
+    name: Annotated[
+        str, Field(description="task name: arith, arith-code, gsm8k, gym (reasoning-gym), code, humaneval")
+    ] = "arith"
     options: dict[str, Any] = Field(default_factory=dict, description="task options, e.g. {data = 'path/to.jsonl'}")

@@ -27,6 +27,7 @@ from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.daemon.exchange import Exchange
 from dgrpo.daemon.fresh import FreshStart
+from dgrpo.daemon.history import RoundHistory
 from dgrpo.daemon.identity import check_resume, load_identity
 from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
 from dgrpo.daemon.manifest_exchange import ManifestService
@@ -110,10 +111,12 @@ class Daemon(Membership):
         )
         self.metrics_observer = MetricsObserver(self.metrics, task)
         digest = self.learner.weights_digest if settings.status.weights_digest else None
+        self.history = RoundHistory()  # the live page's curve (federated mode feeds it its round rows)
         self.observers: list[RoundObserver] = [
             self.counters,
             self.monitor,
             self.metrics_observer,
+            self.history,
             RoundLog(settings.state_dir / "rounds.jsonl", digest),
             Blacklister(self._blacklist, lambda peer: self.reputation.rate(peer)[0] if self.reputation else 0.0),
         ]
@@ -146,6 +149,7 @@ class Daemon(Membership):
         self.exchange = exchange(self)
         if resume:
             self._restore()
+            self.history.load(settings.state_dir / "rounds.jsonl")
 
     # ----------------------------------------------------------------- checkpoints
     def _restore(self) -> CheckpointState | None:

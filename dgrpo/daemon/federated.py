@@ -459,5 +459,6 @@ class FederatedExchange(Exchange):
             self.d._error(f"round {r} closed at its deadline without {row['missing']}")
         with (self.d.settings.state_dir / "rounds.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
+        self.d.history.add_row(row)  # the live page's curve
         log.info("federated round %s", json.dumps(row))
         return diverged

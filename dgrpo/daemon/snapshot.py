@@ -10,9 +10,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
+from dgrpo.daemon.history import RoundHistory
 from dgrpo.daemon.manifest_exchange import ManifestService
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import MetricsObserver, NodeCounters, outcome_json
+from dgrpo.daemon.peer_view import peer_rows
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.defense.reputation import Reputation
 from dgrpo.learner.learner import Learner
@@ -38,6 +40,7 @@ class Observed(Protocol):
     monitor: PoisonMonitor
     reputation: Reputation | None
     metrics_observer: MetricsObserver
+    history: RoundHistory
     learner: Learner
     catch_ups: int
     paced_steps: int
@@ -70,6 +73,8 @@ def node_snapshot(node: Observed) -> dict[str, Any]:
     last = counters.last
     transport = node.transport
     gossip = node.gossip
+    network = gossip.traversal.snapshot() if gossip else None
+    blacklisted = sorted(gossip.blacklisted()) if gossip else []
     return {
         "peer_id": node.peer_id,
         "run_id": node.settings.run_id,
@@ -80,7 +85,7 @@ def node_snapshot(node: Observed) -> dict[str, Any]:
         "peers": sorted(transport.peers()) if transport else [],
         "connected_peers": sorted(gossip.connected_peers()) if gossip else [],
         "listen_addrs": gossip.listen_addrs() if gossip else [],
-        "network": gossip.traversal.snapshot() if gossip else None,
+        "network": network,
         "mean_reward": last.scoring.mean_reward if last else None,
         "last_round": outcome_json(last) if last else None,
         "messages_accepted": wire.accepted,
@@ -113,7 +118,7 @@ def node_snapshot(node: Observed) -> dict[str, Any]:
         "adversary": None
         if node.node.adversary is None
         else {"name": node.node.adversary.name, **node.node.adversary.stats.as_dict()},
-        "blacklisted_peers": sorted(gossip.blacklisted()) if gossip else [],
+        "blacklisted_peers": blacklisted,
         "catch_ups": node.catch_ups,
         "paced": {"steps": node.paced_steps, "seconds": round(node.paced_seconds, 1)},
         "arrival_evidence": dict(node.arrival_evidence),
@@ -139,4 +144,17 @@ def node_snapshot(node: Observed) -> dict[str, Any]:
         "last_errors": list(node.errors),
         "status_url": node.status_url,
         "manifest": node.manifest.snapshot(),
+        # the live page's (dgrpo.daemon.live_page): one bounded row per known peer, and the reward curve
+        "peer_table": peer_rows(
+            node.peer_id,
+            transport.peer_table() if transport else (),
+            transport.peers() if transport else set(),
+            (network or {}).get("connections") or {},
+            set(blacklisted),
+            counters.trained_by_author,
+            wire.rejected_by_peer_reason,
+            admission.rejected_by_author_reason,
+            counters.defense_rejected_by_author,
+        ),
+        "history": node.history.snapshot(),
     }

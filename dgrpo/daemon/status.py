@@ -1,4 +1,5 @@
-"""The node's local HTTP status endpoint (``/status`` JSON, ``/metrics`` Prometheus text, ``/healthz``).
+"""The node's local HTTP status endpoint (``/status`` JSON, ``/metrics`` Prometheus text, ``/healthz``, and at
+``/`` a read-only live page drawn from ``/status``: :mod:`dgrpo.daemon.live_page`).
 
 It runs in a daemon thread with the standard library's HTTP server, apart from the trio loop, so a slow
 scraper never stalls the network; it only reads a snapshot the node publishes after each change.
@@ -18,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from dgrpo.daemon.live_page import page_bytes, page_headers
 from dgrpo.net.transport import TransportStatistics
 from dgrpo.round.admit import AdmissionStatistics
 
@@ -119,20 +121,27 @@ class _Handler(BaseHTTPRequestHandler):
     server: StatusHTTPServer
 
     def do_GET(self) -> None:
-        if self.path.split("?")[0] == "/status":
+        path = self.path.split("?")[0]
+        if path == "/status":
             body = json.dumps(self.server.snapshot(), default=str).encode()
             self._send(200, "application/json", body)
-        elif self.path.split("?")[0] == "/metrics":
+        elif path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
         elif self.path == "/healthz":
             self._send(200, "text/plain", b"ok\n")
+        elif path in ("/", "/index.html"):
+            self._send(200, "text/html; charset=utf-8", page_bytes(), page_headers())
+        elif path == "/favicon.ico":  # the page names an empty data: icon; a browser that asks anyway gets none
+            self._send(204, "image/x-icon", b"")
         else:
-            self._send(404, "text/plain", b"not found: try /status or /metrics\n")
+            self._send(404, "text/plain", b"not found: try /, /status or /metrics\n")
 
-    def _send(self, code: int, content_type: str, body: bytes) -> None:
+    def _send(self, code: int, content_type: str, body: bytes, headers: Mapping[str, str] | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
@@ -190,8 +199,14 @@ class StatusServer:
         host = str(self._server.server_address[0])
         return f"http://{host}:{self.port}"
 
+    @property
+    def page_url(self) -> str:
+        """The live page (``/``), for a browser."""
+        return self.url + "/"
+
     def start(self) -> StatusServer:
         self._thread.start()
+        log.info("live page %s (open it in a browser; /status JSON, /metrics Prometheus)", self.page_url)
         return self
 
     def stop(self) -> None:

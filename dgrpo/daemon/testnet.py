@@ -7,7 +7,8 @@ Node 0 starts first; every later node bootstraps to node 0 and the three started
 addresses come from each node's ``node.json``); peer exchange finds the others. With ``per_process`` K, K nodes
 share a process (light peers, :mod:`dgrpo.daemon.light`).
 
-A live table polls every node's status endpoint. With ``rounds``, the nodes run
+A live table polls every node's status endpoint; each node's status server also serves a live page at ``/``
+(:mod:`dgrpo.daemon.live_page`). With ``rounds``, the nodes run
 that many rounds and linger; when all are done they get SIGTERM, write ``node-<i>/status.json`` and exit.
 """
 
@@ -55,18 +56,28 @@ class NetNode:
     peer_id: str
     status_url: str | None = None
 
-    def status(self) -> dict[str, Any] | None:
+    def _url(self) -> str | None:
+        """The status server's address, from ``node.json`` once the node has written it."""
         if self.status_url is None:
             info = read_node_file(self.state_dir)
             self.status_url = info.get("status_url") if info else None
-            if self.status_url is None:
-                return None
+        return self.status_url
+
+    def status(self) -> dict[str, Any] | None:
+        url = self._url()
+        if url is None:
+            return None
         try:
-            with urllib.request.urlopen(self.status_url + "/status", timeout=2) as resp:
+            with urllib.request.urlopen(url + "/status", timeout=2) as resp:
                 data: dict[str, Any] = json.loads(resp.read())
                 return data
         except (OSError, ValueError):
             return None
+
+    def page_url(self) -> str | None:
+        """The node's live page (``/`` of its status server; :mod:`dgrpo.daemon.live_page`)."""
+        url = self._url()
+        return None if url is None else url + "/"
 
 
 def node_overrides(

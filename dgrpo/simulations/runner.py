@@ -124,6 +124,7 @@ class RoundRows(RoundObserver):
             "poison_published": sum(o.produced.poisoned_count for o in outcomes),
             "attacker_share": from_attackers / trained if trained and attackers else None,
         }
+        row["by_author"] = _by_author(honest)
         if self.meter is not None:
             row["defense"] = self.meter.rows[round_idx]
         point = self.evaluator.point_at(round_idx)
@@ -132,6 +133,28 @@ class RoundRows(RoundObserver):
         self.rows.append(row)
         if self.callback is not None:
             self.callback(row)
+
+
+def _by_author(honest: Sequence[RoundOutcome]) -> dict[str, dict[str, int]]:
+    """Per author, over the honest nodes' round: completions trained on (scored), peers' completions the
+    defenses checked and rejected, and messages the admit stage rejected (the HTML report's peer table)."""
+    table: dict[str, Counter[str]] = {}
+
+    def add(author: str, key: str, n: int) -> None:
+        table.setdefault(author, Counter())[key] += n
+
+    for o in honest:
+        for s in o.scoring.scored:
+            if s.author != o.peer_id:
+                add(s.author, "trained", 1)
+        for author, n in o.admission.rejected_by_author.items():
+            add(author, "admission_rejected", n)
+        if o.defense is not None:
+            for author, n in o.defense.checked_by_author.items():
+                add(author, "defense_checked", n)
+            for author, n in o.defense.rejected_by_author.items():
+                add(author, "defense_rejected", n)
+    return {author: dict(sorted(c.items())) for author, c in sorted(table.items())}
 
 
 def _eval_fields(point: EvalPoint) -> dict[str, Any]:
