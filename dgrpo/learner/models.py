@@ -39,6 +39,10 @@ def resolve_model(name: str) -> str:
         from dgrpo.learner.smollm2 import smollm2_folder
 
         return str(smollm2_folder())
+    if name == "pypi:gemma-3-270m":
+        from dgrpo.learner.gemma3 import gemma3_folder
+
+        return str(gemma3_folder())
     if name.startswith(EMBEDDED_PREFIX):
         known = embedded_models()
         if name not in known:
