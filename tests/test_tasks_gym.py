@@ -134,3 +134,18 @@ def test_the_scorer_check_follows_helpers_and_module_functions() -> None:
     refused = {n for n, (cls, _) in DATASETS.items() if scorer_evaluates_text(cls)}
     assert {"binary_matrix", "n_queens", "puzzle24", "polynomial_multiplication", "countdown"} <= refused
     assert not refused & {"basic_arithmetic", "chain_sum", "leg_counting", "spell_backward", "gcd"}
+
+
+def test_the_final_answer_format_for_small_models() -> None:
+    final = get_task("gym", dataset="basic_arithmetic", config=EASY, size=50, eval_size=5, answer_format="final")
+    p = final.train_prompt(3)
+    assert "The final answer is X." in p.text and "<answer>" not in p.text
+    reference = final.reference_completion(p)
+    assert reference == f"The final answer is {p.answer}." and final.reward(p, reference) == 1.0
+    wrong = str(int(p.answer) + 1)
+    assert final.reward(p, f"So the final answer is **{p.answer}**.\n") == 1.0  # markdown emphasis stripped
+    assert final.reward(p, f"<answer>{wrong}</answer> The final answer is {p.answer}.") == 1.0  # the last one counts
+    assert final.reward(p, f"The final answer is {p.answer}. No: <answer>{wrong}</answer>") == 0.0
+    assert parse_completion(f"The final answer is {p.answer}.") is None  # not in the tag format
+    with pytest.raises(GymError, match="answer_format"):
+        get_task("gym", dataset="basic_arithmetic", answer_format="json")

@@ -11,6 +11,8 @@ credit). Options (``[task] options = {dataset = "basic_arithmetic", config = {..
   prompts are the same everywhere and a prompt id (``gym/<dataset>/train/<index>``) is enough to rebuild a
   prompt and its answer: a peer's copy is never trusted;
 - ``eval_size``: held-out prompts, drawn with another seed, none of them a training question;
+- ``answer_format``: ``tag`` (reasoning-gym's ``<answer>`` convention, the default) or ``final`` (a closing
+  "The final answer is X." line, for models too small to use the tag);
 - ``trust_scorer``: allow a dataset whose scorer evaluates the answer as code (``eval``, sympy's
   ``parse_expr``; :mod:`dgrpo.tasks.gym_safety`), refused by default: peers' answers are hostile.
 
@@ -35,11 +37,17 @@ from dgrpo.tasks.bounded_worker import BoundedWorker, WorkerError
 from dgrpo.tasks.gym_safety import scorer_evaluates_text
 from dgrpo.tasks.registry import TASKS
 
-PROMPT_TEMPLATE = (
-    "{question}\n\nThink it through step by step, then give only the final answer inside <answer> </answer> "
-    "tags, like this: <answer>your answer</answer>"
-)
+# answer_format "tag": reasoning-gym's own convention. "final": a closing line "The final answer is X." for
+# models too small to follow the tag (SmolLM2-135M-Instruct wrote no <answer> tag in 80 tries, and "The final
+# answer is ..." in about half of them: docs/tasks.md); a last <answer> tag still counts there.
+PROMPTS = {
+    "tag": "{question}\n\nThink it through step by step, then give only the final answer inside <answer> "
+    "</answer> tags, like this: <answer>your answer</answer>",
+    "final": '{question}\n\nWork it out briefly, then end with one line of the form "The final answer is X."',
+}
+PROMPT_TEMPLATE = PROMPTS["tag"]
 ANSWER_RE = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning-gym's extract_answer
+FINAL_RE = re.compile(r"final answer is[:\s]*(.+?)\s*\.?[ \t]*$", re.IGNORECASE | re.MULTILINE)
 MAX_COMPLETION_CHARS = 64_000
 MAX_ANSWER_CHARS = 2_048
 CACHE_SIZE = 65_536
@@ -66,15 +74,20 @@ def dataset_names() -> list[str]:
     return sorted(DATASETS)
 
 
-def parse_completion(completion: str) -> str | None:
-    """The stripped text of the last ``<answer>`` tag (as reasoning-gym's ``extract_answer``); None when
-    there is none or the completion or answer is oversized."""
+def parse_completion(completion: str, answer_format: str = "tag") -> str | None:
+    """The stripped text of the last ``<answer>`` tag (as reasoning-gym's ``extract_answer``), or with
+    ``answer_format="final"`` of whichever comes last of that and a "final answer is X" line; None when there
+    is none or the completion or answer is oversized."""
     if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
         return None
-    matches = ANSWER_RE.findall(completion)
-    if not matches:
+    found = [(m.start(), m.group(1)) for m in ANSWER_RE.finditer(completion)]
+    if answer_format == "final":
+        found += [(m.start(), m.group(1)) for m in FINAL_RE.finditer(completion)]
+    if not found:
         return None
-    answer = str(matches[-1]).strip()
+    answer = str(max(found)[1]).strip()
+    if answer_format == "final":
+        answer = answer.strip("*`").strip()  # "The final answer is **12**." (markdown emphasis)
     return answer if len(answer) <= MAX_ANSWER_CHARS else None
 
 
@@ -95,6 +108,7 @@ class GymTask(Task):
         timeout_seconds: float = 2.0,
         memory_bytes: int = 2 << 30,
         trust_scorer: bool = False,
+        answer_format: str = "tag",
     ) -> None:
         try:
             import reasoning_gym
@@ -111,6 +125,9 @@ class GymTask(Task):
                 f"({'; '.join(evaluates)}): a peer's <answer> would run in this node. Pick another dataset, or "
                 "set task option trust_scorer = true where every node is your own (docs/tasks.md)"
             )
+        if answer_format not in PROMPTS:
+            raise GymError(f"gym: answer_format must be one of {', '.join(PROMPTS)}, not {answer_format!r}")
+        self.answer_format = answer_format
         if size < 1 or eval_size < 0:
             raise GymError(f"gym: size must be >= 1 and eval_size >= 0 (got {size}, {eval_size})")
         self.dataset = dataset
@@ -155,7 +172,7 @@ class GymTask(Task):
         answer = entry.get("answer")
         return Prompt(
             id=f"gym/{self.dataset}/{split}/{index}",
-            text=PROMPT_TEMPLATE.format(question=entry["question"]),
+            text=PROMPTS[self.answer_format].format(question=entry["question"]),
             answer="" if answer is None else str(answer),
             meta={"question": entry["question"], "split": split, "index": index, "has_answer": answer is not None},
         )
@@ -187,11 +204,13 @@ class GymTask(Task):
 
     # ------------------------------------------------------------------ rewards
     def parse_answer(self, completion: str) -> str | None:
-        return parse_completion(completion)
+        return parse_completion(completion, self.answer_format)
 
     def reference_completion(self, prompt: Prompt) -> str | None:
         if not prompt.meta.get("has_answer", True):
             return None
+        if self.answer_format == "final":
+            return f"The final answer is {prompt.answer}."
         return f"The answer is {prompt.answer}.\n<answer>{prompt.answer}</answer>"
 
     def reward(self, prompt: Prompt, completion: str) -> float:
@@ -203,7 +222,7 @@ class GymTask(Task):
         if spec is None or not isinstance(index, int):
             return [0.0] * len(completions)  # not one of this task's prompts
         with self._lock:
-            return [self._score(spec, index, parse_completion(c)) for c in completions]
+            return [self._score(spec, index, parse_completion(c, self.answer_format)) for c in completions]
 
     def _score(self, spec: dict[str, Any], index: int, answer: str | None) -> float:
         if answer is None:
