@@ -19,7 +19,8 @@ from pathlib import Path
 from statistics import mean, pstdev
 from typing import Any
 
-# Easy configurations: a 135M model must answer some of them (the datasets' defaults reach 4-digit, 6-term sums).
+# Easy configurations, keyed "dataset" or "dataset/variant": a 135M model must answer some of them (the
+# datasets' defaults reach 4-digit, 6-term sums).
 CANDIDATES: dict[str, dict[str, Any]] = {
     "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
                          "allow_parentheses": False, "allow_negation": False, "operators": ["+", "-"]},
@@ -32,6 +33,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "number_sorting": {"min_numbers": 3, "max_numbers": 4, "min_decimals": 0, "max_decimals": 0,
                        "min_value": 0.0, "max_value": 100.0},
     "gcd": {"min_value": 1, "max_value": 30},
+    "chain_sum/2-digit": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
+    "basic_arithmetic/2-digit": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
+                                 "allow_parentheses": False, "allow_negation": False, "operators": ["+", "-"]},
     "coin_flip": {"min_trials": 2, "max_trials": 4},
 }  # fmt: skip
 
@@ -65,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                               max_new_tokens=args.max_new_tokens, seed=0)  # fmt: skip
     rows = []
     for name in names:
-        task = get_task("gym", dataset=name, config=CANDIDATES.get(name, {}), answer_format=args.answer_format)
+        dataset = name.split("/")[0]
+        task = get_task("gym", dataset=dataset, config=CANDIDATES.get(name, {}), answer_format=args.answer_format)
         prompts = task.sample_prompts(args.prompts, f"gym-pick/{name}")
         t = time.monotonic()
         groups = learner.generate([p.text for p in prompts], args.group, sampling)
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         flat = [r for g in rewards for r in g]
         row = {
             "dataset": name,
+            "held_out_prompts": len(task.eval_prompts(1_000)),
             "config": CANDIDATES.get(name, {}),
             "mean_reward": round(mean(flat), 4),
             "groups_with_signal": round(mean(1.0 if pstdev(g) > 0 else 0.0 for g in rewards), 4),

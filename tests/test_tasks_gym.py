@@ -149,3 +149,19 @@ def test_the_final_answer_format_for_small_models() -> None:
     assert parse_completion(f"The final answer is {p.answer}.") is None  # not in the tag format
     with pytest.raises(GymError, match="answer_format"):
         get_task("gym", dataset="basic_arithmetic", answer_format="json")
+
+
+def test_a_small_question_space_keeps_a_held_out_tenth() -> None:
+    """One-digit products: about a hundred questions, all of them in a training draw of 2,000 items; a tenth of
+    the space by hash is never trained on, so held-out prompts still exist and are unseen."""
+    small = get_task("gym", dataset="products", config={"min_digits": 1, "max_digits": 1}, size=2000, eval_size=50)
+    training = {small.train_prompt(i).meta["question"] for i in range(small.num_train)}
+    held = small.eval_prompts(50)
+    questions = [p.meta["question"] for p in held]
+    assert 3 <= len(held) < 50 and len(set(questions)) == len(questions)
+    assert not training & set(questions)
+    assert small.num_train < 2000  # the held-out tenth's items left the training draw
+    raw = small.train_prompt(0).meta["index"]
+    assert small.prompt_by_id(f"gym/products/train/{raw}") == small.train_prompt(0)
+    held_index = next(i for i in range(2000) if small._held_out(small._train[i]["question"]))
+    assert small.prompt_by_id(f"gym/products/train/{held_index}") is None  # a held-out question is no training id

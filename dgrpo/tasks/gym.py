@@ -10,7 +10,8 @@ credit). Options (``[task] options = {dataset = "basic_arithmetic", config = {..
 - ``seed``, ``size``: the training draw. Every node of a run builds the same procedural dataset from them, so
   prompts are the same everywhere and a prompt id (``gym/<dataset>/train/<index>``) is enough to rebuild a
   prompt and its answer: a peer's copy is never trusted;
-- ``eval_size``: held-out prompts, drawn with another seed, none of them a training question;
+- ``eval_size``: held-out prompts, drawn with another seed from a tenth of the question space (by hash) that
+  training prompts never come from;
 - ``answer_format``: ``tag`` (reasoning-gym's ``<answer>`` convention, the default) or ``final`` (a closing
   "The final answer is X." line, for models too small to use the tag);
 - ``trust_scorer``: allow a dataset whose scorer evaluates the answer as code (``eval``, sympy's
@@ -51,7 +52,8 @@ FINAL_RE = re.compile(r"final answer is[:\s]*(.+?)\s*\.?[ \t]*$", re.IGNORECASE 
 MAX_COMPLETION_CHARS = 64_000
 MAX_ANSWER_CHARS = 2_048
 CACHE_SIZE = 65_536
-EVAL_DRAW_FACTOR = 4  # held-out candidates drawn per prompt wanted (a few collide with training questions)
+HELD_OUT_MODULUS = 10  # a tenth of the question space is held out
+EVAL_DRAW_FACTOR = 20  # held-out draw per prompt wanted: a tenth of it is held out, minus repeats
 SEED_MODULUS = 2**31
 WARM_SECONDS = 60.0  # building a dataset in the worker (some load data files), before any answer counts
 
@@ -153,6 +155,8 @@ class GymTask(Task):
         self.size = size
         self.eval_size = eval_size
         self._eval: list[Prompt] | None = None
+        self._train_ok: list[int] | None = None
+        self._train_set: frozenset[int] = frozenset()
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._worker = BoundedWorker("dgrpo.tasks.gym_worker", memory_bytes, "reasoning-gym")
@@ -164,9 +168,22 @@ class GymTask(Task):
             raise GymError(str(exc)) from None
 
     # ------------------------------------------------------------------ prompts
+    def _held_out(self, question: str) -> bool:
+        """Whether ``question`` belongs to the held-out part of the dataset's question space: a fixed tenth by
+        hash, never trained on. Small spaces (one-digit products: 81 questions) are covered whole by a training
+        draw of thousands, so drawing held-out items from other seeds alone would leave none unseen."""
+        return stable_seed("gym-held-out", self.dataset, question) % HELD_OUT_MODULUS == 0
+
+    def _train_indices(self) -> list[int]:
+        """The training draw's items whose question is not held out (built once: ``size`` items)."""
+        if self._train_ok is None:
+            self._train_ok = [i for i in range(self.size) if not self._held_out(self._train[i]["question"])]
+            self._train_set = frozenset(self._train_ok)
+        return self._train_ok
+
     @property
     def num_train(self) -> int:
-        return self.size
+        return len(self._train_indices())
 
     def _prompt(self, split: str, index: int, entry: Mapping[str, Any]) -> Prompt:
         answer = entry.get("answer")
@@ -178,28 +195,34 @@ class GymTask(Task):
         )
 
     def train_prompt(self, index: int) -> Prompt:
-        return self._prompt("train", index, self._train[index])
+        raw = self._train_indices()[index]  # the id names the item of the draw, stable whatever is held out
+        return self._prompt("train", raw, self._train[raw])
 
     def prompt_by_id(self, prompt_id: str) -> Prompt | None:
         prefix = f"gym/{self.dataset}/train/"
         if not isinstance(prompt_id, str) or not prompt_id.startswith(prefix):
             return None
         digits = prompt_id[len(prefix) :]
-        if not digits.isdigit() or len(digits) > 9 or str(int(digits)) != digits or int(digits) >= self.size:
+        if not digits.isdigit() or len(digits) > 9 or str(int(digits)) != digits:
             return None  # a canonical index of this run's draw only: "007" and "1e3" name nothing
-        return self.train_prompt(int(digits))
+        self._train_indices()
+        raw = int(digits)
+        return self._prompt("train", raw, self._train[raw]) if raw in self._train_set else None
 
     def eval_prompts(self, n: int) -> list[Prompt]:
-        """The first ``n`` held-out items whose question is not a training question (compared once, lazily:
-        only evaluation needs the whole training draw)."""
+        """The first ``n`` distinct held-out questions (see :meth:`_held_out`) of the held-out draw."""
         with self._lock:
             if self._eval is None:
-                seen = {self._train[i]["question"] for i in range(self.size)}
-                self._eval = [
-                    self._prompt("test", i, entry)
-                    for i, entry in ((i, self._held[i]) for i in range(len(self._held)))
-                    if entry["question"] not in seen
-                ][: self.eval_size]
+                self._eval, seen = [], set()
+                for i in range(len(self._held)):
+                    entry = self._held[i]
+                    question = entry["question"]
+                    if question in seen or not self._held_out(question):
+                        continue
+                    seen.add(question)
+                    self._eval.append(self._prompt("test", i, entry))
+                    if len(self._eval) >= self.eval_size:
+                        break
         return self._eval[:n]
 
     # ------------------------------------------------------------------ rewards
