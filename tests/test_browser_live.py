@@ -1,5 +1,5 @@
 """The live page in a real browser, on a real 3-daemon testnet: node 0's page lists the two other peers and
-draws its reward curve from ``/status`` as rounds close, with no console error (nor a CSP violation)."""
+draws its reward and held-out accuracy curves from ``/status`` as rounds close, with no console error (nor a CSP violation)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,19 @@ from tests.browser import browser
 pytestmark = pytest.mark.slow  # real processes and a browser
 
 FAST = ["rounds.deadline_seconds=20", "rounds.peer_timeout_seconds=6"]
+EVAL = ["eval.every=1", "eval.prompts=8"]  # held-out accuracy every round: the page's second curve
 
 READY = """() => {
   const rows = document.querySelectorAll('#peers-body tr[data-peer]');
   const points = Number(document.getElementById('reward-curve').getAttribute('data-points'));
-  return rows.length >= 2 && points >= 2;
+  const evaluated = Number(document.getElementById('accuracy-curve').getAttribute('data-points'));
+  return rows.length >= 2 && points >= 2 && evaluated >= 2;
 }"""
 
 
 @pytest.mark.timeout(240)
 def test_node_pages_show_peers_and_the_reward_curve_of_a_live_testnet(tmp_path: Path) -> None:
-    nodes = start_testnet(3, tmp_path, rounds=None, extra=FAST)
+    nodes = start_testnet(3, tmp_path, rounds=None, extra=[*FAST, *EVAL])
     try:
         url = nodes[0].page_url()
         assert url is not None and url.startswith("http://127.0.0.1:") and url.endswith("/")
@@ -42,6 +44,7 @@ def test_node_pages_show_peers_and_the_reward_curve_of_a_live_testnet(tmp_path: 
             )
             assert links == ["direct", "direct"]
             assert b.page.locator("#reward-curve polyline").count() == 1
+            assert b.page.locator("#accuracy-curve polyline").count() == 1
             b.screenshot("live-testnet")
             # another node's page, for a person to compare
             b.page.goto(nodes[2].page_url() or "")

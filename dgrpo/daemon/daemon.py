@@ -27,6 +27,7 @@ from dgrpo.atomic import remove_orphans, write_atomically
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.daemon.exchange import Exchange
 from dgrpo.daemon.fresh import FreshStart
+from dgrpo.daemon.heldout import HeldOut
 from dgrpo.daemon.history import RoundHistory
 from dgrpo.daemon.identity import check_resume, load_identity
 from dgrpo.daemon.local_state import load_peers, save_peers, save_settings
@@ -111,13 +112,16 @@ class Daemon(Membership):
         )
         self.metrics_observer = MetricsObserver(self.metrics, task)
         digest = self.learner.weights_digest if settings.status.weights_digest else None
-        self.history = RoundHistory()  # the live page's curve (federated mode feeds it its round rows)
+        # Held-out accuracy (eval.every, off by default) first: the history and the round log read it.
+        self.held_out = HeldOut(self.node, settings.eval.every, settings.eval.prompts)
+        self.history = RoundHistory(accuracy=self.held_out.accuracy_at)  # the live page's curves
         self.observers: list[RoundObserver] = [
+            self.held_out,
             self.counters,
             self.monitor,
             self.metrics_observer,
             self.history,
-            RoundLog(settings.state_dir / "rounds.jsonl", digest),
+            RoundLog(settings.state_dir / "rounds.jsonl", digest, self.held_out.accuracy_at),
             Blacklister(self._blacklist, lambda peer: self.reputation.rate(peer)[0] if self.reputation else 0.0),
         ]
         self.metrics.registry.register(WireCollector(self._transport_statistics, self._admission_statistics))

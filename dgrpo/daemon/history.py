@@ -12,7 +12,7 @@ import json
 import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,11 @@ class RoundHistory(RoundObserver):
     """The newest ``bound`` rounds, in round order: a round at or before the last one kept (a restart from an
     older checkpoint, which redoes rounds) replaces the points from there on, so the curve never runs back."""
 
-    def __init__(self, bound: int = HISTORY_ROUNDS) -> None:
+    def __init__(self, bound: int = HISTORY_ROUNDS, accuracy: Callable[[int], float | None] | None = None) -> None:
         if bound < 1:
             raise ValueError(f"a history keeps at least one round, not {bound}")
         self.bound = bound
+        self.accuracy = accuracy  # the round's held-out accuracy where the daemon evaluated it (eval.every)
         self._points: deque[Point] = deque(maxlen=bound)
 
     def add(self, point: Point) -> None:
@@ -63,7 +64,8 @@ class RoundHistory(RoundObserver):
 
     def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
         for o in outcomes:
-            self.add(Point(o.round, _number(o.scoring.mean_reward), None, round(time.time(), 3)))
+            accuracy = _number(self.accuracy(o.round)) if self.accuracy is not None else None
+            self.add(Point(o.round, _number(o.scoring.mean_reward), accuracy, round(time.time(), 3)))
 
     def load(self, path: Path) -> int:
         """The newest rows of ``path`` (a missing file or a torn last line is no error); how many were read."""

@@ -90,15 +90,24 @@ class MetricsObserver(RoundObserver):
 class RoundLog(RoundObserver):
     """One JSON log line per round, and the same (with full peer ids and authors) in ``rounds.jsonl``."""
 
-    def __init__(self, path: Path, digest: Callable[[], str] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        digest: Callable[[], str] | None = None,
+        accuracy: Callable[[int], float | None] | None = None,
+    ) -> None:
         self.path = path
         self.digest = digest  # weights digest after every round (status.weights_digest)
+        self.accuracy = accuracy  # held-out accuracy of the round, where evaluated (eval.every)
 
     def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
         for o in outcomes:
             line = round_line(o)
             if self.digest is not None:
                 line["weights_sha256"] = self.digest()
+            accuracy = self.accuracy(o.round) if self.accuracy is not None else None
+            if accuracy is not None:
+                line["accuracy"] = round(accuracy, 4)
             log.info(json.dumps({**line, "peer": o.peer_id[-8:], "authors": len(o.authors)}))
             with self.path.open("a") as f:
                 by_author = Counter(s.author for s in o.scoring.scored)

@@ -112,6 +112,13 @@ class MonitorSettings(Section):
     )
 
 
+class EvalSettings(Section):
+    every: Annotated[
+        int, Field(ge=0, description="held-out accuracy every k rounds (rounds.jsonl, /status, the live page); 0: off")
+    ] = 0
+    prompts: Annotated[int, Field(ge=1, description="held-out prompts per evaluation (greedy)")] = 32
+
+
 class FederationSettings(Section):
     """A daemon's place in a federation (``mode = "federated"``; the run's ``[federated]`` says how it trains)."""
 
@@ -158,6 +165,7 @@ class NodeSettings(RunConfig, BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     status: StatusSettings = StatusSettings()
     monitor: MonitorSettings = MonitorSettings()
+    eval: EvalSettings = EvalSettings()
     mode: Annotated[
         Literal["httt", "federated"],
         Field(description="httt: exchange rollouts (the default); federated: exchange model updates (Fed-GRPO)"),
