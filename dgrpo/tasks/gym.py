@@ -39,8 +39,8 @@ from dgrpo.tasks.gym_safety import scorer_evaluates_text
 from dgrpo.tasks.registry import TASKS
 
 # answer_format "tag": reasoning-gym's own convention. "final": a closing line "The final answer is X." for
-# models too small to follow the tag (SmolLM2-135M-Instruct wrote no <answer> tag in 80 tries, and "The final
-# answer is ..." in about half of them: docs/tasks.md); a last <answer> tag still counts there.
+# models too small to follow the tag (SmolLM2-135M-Instruct wrote the <answer> tag in 4 of 192 tries, and
+# "The final answer is ..." in about half of its completions: docs/tasks.md); a last <answer> tag still counts.
 PROMPTS = {
     "tag": "{question}\n\nThink it through step by step, then give only the final answer inside <answer> "
     "</answer> tags, like this: <answer>your answer</answer>",
