@@ -71,21 +71,24 @@ def run_one(name: str, scenario: str, rounds: int, sets: list[str], out: Path) -
 
 def row_of(name: str, s: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     d = s.get("defense") or {}
+    chain = d.get("names") or []
+    defended = (lambda key: d.get(key)) if chain else (lambda key: None)  # no chain: no stop rate, no FPR
     seconds = [r["seconds"] for r in rows if r.get("seconds") is not None]
     return {
         "run": name,
         "models": s.get("model"),
         "attack": s.get("attack"),
-        "defense": "+".join(d.get("names") or []) or "none",
+        "defense": "+".join(chain) or "none",
         "rounds": s.get("rounds"),
         "initial_accuracy": s.get("initial_accuracy"),
         "final_accuracy": s.get("final_accuracy"),
         "final_asr": s.get("final_asr"),
         "max_asr": max((v for _, v in s.get("asr") or []), default=None),
-        "stop_rate": d.get("stop_rate"),
-        "false_positive_rate": d.get("false_positive_rate"),
+        "stop_rate": defended("stop_rate"),
+        "false_positive_rate": defended("false_positive_rate"),
         "attacker_share": s.get("attacker_share"),
-        "defense_overhead": d.get("overhead_ratio"),
+        "defense_overhead": defended("overhead_ratio"),
+        "honest_own_reward_last": rows[-1].get("honest_own_reward") if rows else None,
         "seconds_per_round": round(sum(seconds) / len(seconds), 1) if seconds else None,
         "wall_seconds": s.get("wall_seconds"),
     }
@@ -114,8 +117,12 @@ def summarize(out: Path, names: list[str]) -> list[dict[str, Any]]:
         (out / "study.md").write_text("\n".join(md) + "\n")
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, (rows, _) in curves.items():
-        ax.plot([r["round"] for r in rows], [r["honest_mean_reward"] for r in rows], marker=".", label=name)
-    ax.set(xlabel="round", ylabel="honest nodes' mean training reward", title="reward per round")
+        line = ax.plot([r["round"] for r in rows], [r["honest_own_reward"] for r in rows], marker=".", label=name)
+        ax.plot([r["round"] for r in rows], [r["honest_mean_reward"] for r in rows], linestyle=":",
+                color=line[0].get_color(), label=f"{name}: all it trained on")  # fmt: skip
+    # An attacker's completions are correct (reward 1): the mean over everything trained on hides how the
+    # honest nodes' own answers fare, which is the learning curve.
+    ax.set(xlabel="round", ylabel="reward", title="honest nodes' own completions (solid), all trained on (dotted)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "reward.png", dpi=120)
