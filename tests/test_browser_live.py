@@ -1,5 +1,6 @@
 """The live page in a real browser, on a real 3-daemon testnet: node 0's page lists the two other peers and
-draws its reward and held-out accuracy curves from ``/status`` as rounds close, with no console error (nor a CSP violation)."""
+draws its reward and held-out accuracy curves from ``/status`` as rounds close, with no console error (nor a
+CSP violation)."""
 
 from __future__ import annotations
 
