@@ -8,7 +8,8 @@ instead, which answers JSON-line requests with one line each; an answer that tak
 the worker killed (and restarted on the next call). It is a bound on time and memory, not an isolation
 boundary: the scorers parse but never run the text.
 
-A worker module calls :func:`worker_prelude` first, then prints ``ready`` and serves ``stdin`` line by line.
+A worker module calls :func:`worker_prelude` first, imports its scorer, then :func:`serve` answers ``stdin``
+line by line.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import select
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from dgrpo.errors import DgrpoError
@@ -114,3 +116,21 @@ def worker_prelude(memory_bytes: int) -> None:
     """In the worker: cap its address space (``RLIMIT_AS``) and die with its parent."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def serve(answer: Callable[[dict[str, Any]], str], refused: str) -> int:
+    """In the worker: say ``ready``, then one line per JSON request: ``answer(request)``, ``m`` when the
+    worker ran out of memory, ``refused`` when anything else went wrong (hostile text is no error)."""
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        try:
+            verdict = answer(json.loads(line))
+        except MemoryError:
+            verdict = "m"
+        except Exception:  # unparseable, or whatever a scorer raises on hostile text
+            verdict = refused
+        out.write(verdict + "\n")
+        out.flush()
+    return 0

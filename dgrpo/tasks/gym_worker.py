@@ -16,7 +16,7 @@ import math
 import sys
 from typing import Any
 
-from dgrpo.tasks.bounded_worker import worker_prelude
+from dgrpo.tasks.bounded_worker import serve, worker_prelude
 
 MAX_DATASETS = 16  # specs held at once (a node has one task; a test process a few)
 
@@ -45,21 +45,11 @@ def main(argv: list[str]) -> int:
     import reasoning_gym  # noqa: F401  (imported before "ready": a missing package fails the start)
 
     cache: dict[str, Any] = {}
-    out = sys.stdout
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
-        try:
-            request = json.loads(line)
-            ds = dataset(request["d"], cache)
-            verdict = repr(score(ds, int(request["i"]), str(request["a"])))
-        except MemoryError:
-            verdict = "m"
-        except Exception:  # whatever a scorer raises on hostile text: no reward
-            verdict = "0.0"
-        out.write(verdict + "\n")
-        out.flush()
-    return 0
+
+    def answer(request: dict[str, Any]) -> str:
+        return repr(score(dataset(request["d"], cache), int(request["i"]), str(request["a"])))
+
+    return serve(answer, refused="0.0")  # whatever a scorer raises on hostile text: no reward
 
 
 if __name__ == "__main__":

@@ -10,11 +10,10 @@ math-verify's own signal-based timeouts are off: the parent's bound is the one t
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
-from dgrpo.tasks.bounded_worker import worker_prelude
+from dgrpo.tasks.bounded_worker import serve, worker_prelude
 
 
 def main(argv: list[str]) -> int:
@@ -24,24 +23,15 @@ def main(argv: list[str]) -> int:
     # Warm up: math-verify loads its LaTeX grammar on first use; that must not count against an answer.
     verify(parse("\\boxed{1}", parsing_timeout=None), parse("1", parsing_timeout=None), timeout_seconds=None)
     gold_cache: dict[str, Any] = {}
-    out = sys.stdout
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
-        try:
-            request = json.loads(line)
-            answer, gold = str(request["a"]), str(request["g"])
-            if gold not in gold_cache:
-                gold_cache[gold] = parse(gold, parsing_timeout=None)
-            equal = verify(gold_cache[gold], parse(answer, parsing_timeout=None), timeout_seconds=None)
-            verdict = "1" if equal else "0"
-        except MemoryError:
-            verdict = "m"
-        except Exception:  # unparseable, or anything sympy raises on hostile text: not equal
-            verdict = "0"
-        out.write(verdict + "\n")
-        out.flush()
-    return 0
+
+    def answer(request: dict[str, Any]) -> str:
+        text, gold = str(request["a"]), str(request["g"])
+        if gold not in gold_cache:
+            gold_cache[gold] = parse(gold, parsing_timeout=None)
+        equal = verify(gold_cache[gold], parse(text, parsing_timeout=None), timeout_seconds=None)
+        return "1" if equal else "0"
+
+    return serve(answer, refused="0")  # unparseable: not equal
 
 
 if __name__ == "__main__":
