@@ -33,6 +33,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "number_sorting": {"min_numbers": 3, "max_numbers": 4, "min_decimals": 0, "max_decimals": 0,
                        "min_value": 0.0, "max_value": 100.0},
     "gcd": {"min_value": 1, "max_value": 30},
+    "leg_counting/one-animal": {"min_animals": 1, "max_animals": 1, "min_instances": 1, "max_instances": 2},
+    "products/1x2-digit": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
     "chain_sum/2-digit": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2},
     "basic_arithmetic/2-digit": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
                                  "allow_parentheses": False, "allow_negation": False, "operators": ["+", "-"]},
