@@ -49,6 +49,13 @@ def test_status_reads_a_node_by_url_and_by_state_dir(tmp_path: Path) -> None:
         (tmp_path / "node.json").write_text(json.dumps({"status_url": server.url}))
         table = runner.invoke(app, ["status", str(tmp_path)])
         assert table.exit_code == 0 and "bad_signature" in table.output and "deadline" in table.output
+        # not a terminal: the table keeps every column whole, one line per row (no wrap, no ellipsis at 80 columns)
+        header = next(line for line in table.output.splitlines() if "node" in line and "peer" in line)
+        for column in ("state", "round", "done", "peers", "reach", "links", "accepted", "rejected", "reward"):
+            assert f" {column} " in header, header
+        assert "…" not in table.output
+        row = next(line for line in table.output.splitlines() if "abcdefgh" in line)
+        assert "running" in row and "0.500" in row, row
     finally:
         server.stop()
     assert runner.invoke(app, ["status", server.url]).exit_code == 2  # gone: a clear error, not a traceback

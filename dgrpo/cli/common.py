@@ -8,12 +8,30 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 
 from dgrpo.errors import ConfigError, DgrpoError
 
 app = typer.Typer(help="dgrpo: decentralised GRPO nodes, attacks and defenses.", no_args_is_help=True)
-console = Console()
+
+
+class _Console(Console):
+    """Rich's console, but where output is not a terminal (a pipe, a file, CI's log) it does not pretend to be
+    80 columns wide: tables keep every column and every row on one line, whatever their width, so that output
+    read by a program or grepped is never wrapped or cut with an ellipsis."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)  # type: ignore[attr-defined]
+        return size if self.is_terminal else ConsoleDimensions(PLAIN_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)  # type: ignore[attr-defined]
+
+
+PLAIN_WIDTH = 10_000
+console = _Console()
 F = TypeVar("F", bound=Callable[..., Any])
 
 
