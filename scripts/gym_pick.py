@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--answer-format", default="final", choices=("tag", "final"))
+    parser.add_argument("--answer-format", default="final", choices=("tag", "final", "number"))
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
     if args.threads:

@@ -151,6 +151,38 @@ def test_the_final_answer_format_for_small_models() -> None:
         get_task("gym", dataset="basic_arithmetic", answer_format="json")
 
 
+@pytest.mark.parametrize(
+    ("completion", "parsed"),
+    [
+        ("The answer is 24", "24"),
+        ("4 * 8 = 32", "32"),  # the last number written
+        ("The final answer to this arithmetic problem is 6.", "6"),
+        ("It is 1,234.", "1234"),  # thousands separators dropped
+        ("x = -5.", "-5"),
+        ("3.25 then 2.5", "2.5"),
+        ("v2 and A1", None),  # digits inside words are not numbers
+        ("no number here", None),
+    ],
+)
+def test_the_number_format_reads_the_last_number(completion: str, parsed: str | None) -> None:
+    assert parse_completion(completion, "number") == parsed
+
+
+def test_the_number_format_scores_the_last_number_and_needs_a_numeric_dataset() -> None:
+    number = get_task("gym", dataset="basic_arithmetic", config=EASY, size=50, eval_size=5, answer_format="number")
+    p = number.train_prompt(3)
+    assert p.text.endswith("Reply with only the answer.") and "<answer>" not in p.text
+    reference = number.reference_completion(p)
+    assert reference is not None and number.reward(p, reference) == 1.0
+    wrong = str(int(p.answer) + 1)
+    assert number.reward(p, f"{p.answer}") == 1.0
+    assert number.reward(p, f"Not {wrong}: it is {p.answer}.") == 1.0
+    assert number.reward(p, f"It is {p.answer}, or maybe {wrong}.") == 0.0  # only the last one counts
+    assert number.reward(p, "I do not know.") == 0.0
+    with pytest.raises(GymError, match="numeric"):
+        get_task("gym", dataset="spell_backward", size=20, eval_size=2, answer_format="number")
+
+
 def test_a_small_question_space_keeps_a_held_out_tenth() -> None:
     """One-digit products: about a hundred questions, all of them in a training draw of 2,000 items; a tenth of
     the space by hash is never trained on, so held-out prompts still exist and are unseen."""

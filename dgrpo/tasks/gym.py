@@ -12,8 +12,9 @@ credit). Options (``[task] options = {dataset = "basic_arithmetic", config = {..
   prompt and its answer: a peer's copy is never trusted;
 - ``eval_size``: held-out prompts, drawn with another seed from a tenth of the question space (by hash) that
   training prompts never come from;
-- ``answer_format``: ``tag`` (reasoning-gym's ``<answer>`` convention, the default) or ``final`` (a closing
-  "The final answer is X." line, for models too small to use the tag);
+- ``answer_format``: ``tag`` (reasoning-gym's ``<answer>`` convention, the default), ``final`` (a closing
+  "The final answer is X." line, for models too small to use the tag) or ``number`` (the question and "Reply with
+  only the answer."; the answer is the last number in the completion, GSM8K-style: for numeric datasets only);
 - ``trust_scorer``: allow a dataset whose scorer evaluates the answer as code (``eval``, sympy's
   ``parse_expr``; :mod:`dgrpo.tasks.gym_safety`), refused by default: peers' answers are hostile.
 
@@ -45,13 +46,20 @@ PROMPTS = {
     "tag": "{question}\n\nThink it through step by step, then give only the final answer inside <answer> "
     "</answer> tags, like this: <answer>your answer</answer>",
     "final": '{question}\n\nWork it out briefly, then end with one line of the form "The final answer is X."',
+    # "number": SmolLM2-135M-Instruct answers "3 * 8" with "The answer is 24", "4 * 8 = 32", "The final answer to
+    # this arithmetic problem is 6": right far more often than it follows a format (docs/tasks.md), so the answer
+    # is the last number it writes, as GSM8K's graders read a model's answer. Numeric datasets only.
+    "number": "{question}\n\nReply with only the answer.",
 }
 PROMPT_TEMPLATE = PROMPTS["tag"]
 ANSWER_RE = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)  # reasoning-gym's extract_answer
+# the last number: digits with optional thousands separators, sign and decimals ("1,234.5" -> "1234.5")
+NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
 FINAL_RE = re.compile(r"final answer is[:\s]*(.+?)\s*\.?[ \t]*$", re.IGNORECASE | re.MULTILINE)
 MAX_COMPLETION_CHARS = 64_000
 MAX_ANSWER_CHARS = 2_048
 CACHE_SIZE = 65_536
+NUMERIC_CHECK_ITEMS = 64  # answers looked at to tell a numeric dataset
 HELD_OUT_MODULUS = 10  # a tenth of the question space is held out
 EVAL_DRAW_FACTOR = 20  # held-out draw per prompt wanted: a tenth of it is held out, minus repeats
 SEED_MODULUS = 2**31
@@ -78,10 +86,14 @@ def dataset_names() -> list[str]:
 
 def parse_completion(completion: str, answer_format: str = "tag") -> str | None:
     """The stripped text of the last ``<answer>`` tag (as reasoning-gym's ``extract_answer``), or with
-    ``answer_format="final"`` of whichever comes last of that and a "final answer is X" line; None when there
+    ``answer_format="final"`` of whichever comes last of that and a "final answer is X" line, or with
+    ``answer_format="number"`` the last number written (separators dropped); None when there
     is none or the completion or answer is oversized."""
     if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
         return None
+    if answer_format == "number":
+        numbers = NUMBER_RE.findall(completion)
+        return numbers[-1].replace(",", "") if numbers else None
     found = [(m.start(), m.group(1)) for m in ANSWER_RE.finditer(completion)]
     if answer_format == "final":
         found += [(m.start(), m.group(1)) for m in FINAL_RE.finditer(completion)]
@@ -152,6 +164,8 @@ class GymTask(Task):
             )
         except Exception as exc:  # reasoning-gym validates its configs with asserts and ValueErrors
             raise GymError(f"gym: cannot build {dataset!r} with config {self.config}: {exc!r}") from exc
+        if answer_format == "number":
+            self._require_numeric(dataset)
         self.size = size
         self.eval_size = eval_size
         self._eval: list[Prompt] | None = None
@@ -166,6 +180,16 @@ class GymTask(Task):
                 self._worker.ask({"d": spec, "i": 0, "a": ""}, WARM_SECONDS)
         except WorkerError as exc:
             raise GymError(str(exc)) from None
+
+    def _require_numeric(self, dataset: str) -> None:
+        """``answer_format="number"`` reads the last number of a completion: refuse a dataset whose answers are
+        not numbers (a word, a list), which that reading could never match."""
+        for i in range(min(NUMERIC_CHECK_ITEMS, len(self._train))):
+            answer = self._train[i].get("answer")
+            if answer is not None and NUMBER_RE.fullmatch(str(answer).strip()) is None:
+                raise GymError(
+                    f"gym: answer_format 'number' needs a numeric dataset; {dataset!r} answers {str(answer)[:40]!r}"
+                )
 
     # ------------------------------------------------------------------ prompts
     def _held_out(self, question: str) -> bool:
@@ -234,6 +258,8 @@ class GymTask(Task):
             return None
         if self.answer_format == "final":
             return f"The final answer is {prompt.answer}."
+        if self.answer_format == "number":
+            return f"The answer is {prompt.answer}."
         return f"The answer is {prompt.answer}.\n<answer>{prompt.answer}</answer>"
 
     def reward(self, prompt: Prompt, completion: str) -> float:
