@@ -76,7 +76,66 @@ def mismatches(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row: how many positions of ``ids`` [B, T] are not the seeded sampler's choice (beyond ``atol``),
     the first such position (-1 if none) and the sampler's own choice there, from logits [B, T, V] and each
-    row's seed; padding (``mask`` False) never counts."""
+    row's seed; padding (``mask`` False) never counts.
+
+    Cost (issue 27: the proof must cost at most a tenth of the teacher-forced pass it checks). With top-k
+    (the papers sample with k = 50) only the k best tokens of a position can be chosen, so one ``topk`` over the
+    vocabulary and noise for B x T x k tokens decide every position, all of it vectorised: no pass over the
+    vocabulary beyond ``topk`` and one comparison for ties, no per-token Python. A position whose k-th score is
+    tied with tokens past the k-th (the sampler keeps them all) and sampling without top-k go the general way
+    (:func:`mismatches_full`: noise for every kept token)."""
+    B, T = ids.shape
+    V = logits.shape[-1]
+    if B * T == 0:  # nothing to check
+        return np.zeros(B, dtype=np.int64), np.full(B, -1, dtype=np.int64), np.full(B, -1, dtype=np.int64)
+    if not 0 < top_k < V:
+        return mismatches_full(logits, ids, seeds, temperature, top_k, top_p, atol, mask)
+    raw = logits if logits.dtype == torch.float32 else logits.float()
+    values, tokens = torch.topk(raw, top_k, dim=-1)  # [B, T, k], best first
+    kth = values[..., -1:]
+    ties = (raw >= kth).sum(-1) > top_k  # the sampler keeps every token tied with the k-th: more than k
+    if bool(ties.any()):
+        return mismatches_full(logits, ids, seeds, temperature, top_k, top_p, atol, mask)
+    scores = values.double() / temperature  # [B, T, k]
+    tok = tokens.numpy().astype(np.int64)
+    kept = np.ones(tok.shape, dtype=bool)
+    if top_p < 1.0:
+        # the nucleus among the k kept tokens, ranked as kept_mask ranks them: by probability, then token id
+        order = np.lexsort((tok, -scores.numpy()), axis=-1)
+        ranked = torch.from_numpy(np.take_along_axis(scores.numpy(), order, -1))
+        probs = torch.softmax(ranked, dim=-1)
+        before = (torch.cumsum(probs, dim=-1) - probs).numpy()  # mass of strictly better-ranked tokens
+        np.put_along_axis(kept, order, before < top_p, -1)
+    seed_arr = np.asarray(seeds, dtype=np.uint64)
+    positions = np.arange(T, dtype=np.uint64)[None, :, None]
+    perturbed = scores.numpy() + gumbel_noise(seed_arr[:, None, None], positions, tok)
+    perturbed = np.where(kept, perturbed, -np.inf)
+    best = perturbed.max(-1)  # [B, T]
+    # the sampler's choice: the best perturbed score, ties to the lowest token id
+    choice_all = np.where(perturbed == best[..., None], tok, np.iinfo(np.int64).max).min(-1)
+    target = ids.numpy().astype(np.int64)
+    own_scores = (raw.gather(-1, ids.unsqueeze(-1)).squeeze(-1).double() / temperature).numpy()
+    own = own_scores + gumbel_noise(seed_arr[:, None], np.arange(T, dtype=np.uint64)[None, :], target)
+    ok = (own >= best - atol) & (own_scores >= (kth.squeeze(-1).double() / temperature).numpy() - atol)
+    if top_p < 1.0:
+        ok &= ((tok == target[..., None]) & kept).any(-1)
+    bad = ~ok if mask is None else ~ok & mask.numpy()
+    first = np.where(bad.any(-1), bad.argmax(-1), -1)
+    choice = np.where(first >= 0, choice_all[np.arange(B), np.maximum(first, 0)], -1)
+    return bad.sum(-1), first, choice
+
+
+def mismatches_full(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    seeds: Sequence[int],
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    atol: float,
+    mask: torch.Tensor | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`mismatches` over every kept token of the vocabulary (no top-k, or ties at the k-th score)."""
     B, T = ids.shape
     scores = logits.float() / temperature
     keep = kept_mask(scores, top_k, top_p)
