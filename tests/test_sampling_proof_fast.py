@@ -53,14 +53,19 @@ def test_the_vectorised_check_decides_as_the_sampler(top_k: int, top_p: float, t
 
 def test_a_tie_at_the_kth_score_keeps_every_tied_token() -> None:
     """Where tokens past the k-th tie with it the sampler keeps them all; so does the check."""
-    B, T, V = 2, 3, 12
+    B, T, V = 3, 3, 12
     logits = torch.zeros(B, T, V)
-    logits[..., 0] = 2.0  # one best, then eleven tied at the k-th score (k = 3)
-    seeds = [5, 6]
+    logits[:2, :, 0] = 2.0  # rows 0 and 1: one best, then eleven tied at the k-th score (k = 3)
+    logits[2] = torch.randn(T, V, generator=torch.Generator().manual_seed(3))  # row 2: no tie
+    seeds = [5, 6, 7]
     honest = _sampled(logits, seeds, 1.0, 3, 1.0)
-    assert any(int(tok) >= 3 for tok in honest.flatten()), "the noise picks tied tokens past the first k"
-    bad, first, _ = mismatches(logits, honest, seeds, 1.0, 3, 1.0, 0.0)
-    assert bad.tolist() == [0, 0] and first.tolist() == [-1, -1]
+    assert any(int(tok) >= 3 for tok in honest[:2].flatten()), "the noise picks tied tokens past the first k"
+    ids = honest.clone()
+    ids[1, 2] = (honest[1, 2] + 1) % V  # a tied row with an edit
+    ids[2, 1] = (honest[2, 1] + 1) % V  # the untied row with an edit
+    bad, first, choice = mismatches(logits, ids, seeds, 1.0, 3, 1.0, 0.0)
+    assert bad.tolist() == [0, 1, 1] and first.tolist() == [-1, 2, 1]
+    assert choice.tolist() == [-1, int(honest[1, 2]), int(honest[2, 1])]
 
 
 def test_empty_batches_pass() -> None:

@@ -88,14 +88,15 @@ def mismatches(
     V = logits.shape[-1]
     if B * T == 0:  # nothing to check
         return np.zeros(B, dtype=np.int64), np.full(B, -1, dtype=np.int64), np.full(B, -1, dtype=np.int64)
-    if not 0 < top_k < V:
+    if not 0 < top_k < V - 1:
         return mismatches_full(logits, ids, seeds, temperature, top_k, top_p, atol, mask)
     raw = logits if logits.dtype == torch.float32 else logits.float()
-    values, tokens = torch.topk(raw, top_k, dim=-1)  # [B, T, k], best first
+    # k + 1 best: the sampler keeps every token tied with the k-th, so where the next one ties with it more
+    # than k are kept (then the general way); no other pass over the vocabulary
+    values, tokens = torch.topk(raw, top_k + 1, dim=-1)  # [B, T, k + 1], best first
+    tied = (values[..., top_k] == values[..., top_k - 1]).any(-1).numpy()  # rows with such a position
+    values, tokens = values[..., :top_k], tokens[..., :top_k]
     kth = values[..., -1:]
-    ties = (raw >= kth).sum(-1) > top_k  # the sampler keeps every token tied with the k-th: more than k
-    if bool(ties.any()):
-        return mismatches_full(logits, ids, seeds, temperature, top_k, top_p, atol, mask)
     scores = values.double() / temperature  # [B, T, k]
     tok = tokens.numpy().astype(np.int64)
     kept = np.ones(tok.shape, dtype=bool)
@@ -122,7 +123,16 @@ def mismatches(
     bad = ~ok if mask is None else ~ok & mask.numpy()
     first = np.where(bad.any(-1), bad.argmax(-1), -1)
     choice = np.where(first >= 0, choice_all[np.arange(B), np.maximum(first, 0)], -1)
-    return bad.sum(-1), first, choice
+    count = bad.sum(-1)
+    if tied.any():  # those rows the general way (rare: float ties at the k-th score)
+        rows = np.flatnonzero(tied)
+        at = torch.from_numpy(rows)
+        sub = mismatches_full(
+            logits[at], ids[at], [seeds[int(r)] for r in rows], temperature, top_k, top_p, atol,
+            None if mask is None else mask[at],
+        )  # fmt: skip
+        count[rows], first[rows], choice[rows] = sub
+    return count, first, choice
 
 
 def mismatches_full(
