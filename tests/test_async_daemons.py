@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,16 +26,15 @@ def test_a_straggler_never_holds_the_others_back_and_counts_late(tmp_path: Path)
     nodes = start_testnet(3, tmp_path, rounds=None, extra=ASYNC, slow={2: 3.0})
     fast, straggler = nodes[:2], nodes[2]
     try:
+        # A straggler's rollout may still arrive in the step it was made for (CI saw one that did, and no other
+        # in 12 steps): wait, bounded, for one that arrives late on each fast node, which is what is measured.
         wait_until(
             lambda: (
-                all(
-                    any(row["completions_by_author"].get(straggler.peer_id) for row in rounds_log(nd)[1:])
-                    for nd in fast
-                )
+                all(any(_late_straggler(row, straggler.peer_id) for row in rounds_log(nd)[1:]) for nd in fast)
                 and all(len(rounds_log(nd)) >= 12 for nd in fast)
             ),
-            300,
-            "12 steps on the fast nodes, some with the straggler's completions",
+            420,
+            "12 steps on the fast nodes, some with the straggler's completions arriving late",
         )
         # The fast nodes never waited for the straggler: they ran well over twice its steps.
         assert all(len(rounds_log(nd)) >= 2 * len(rounds_log(straggler)) for nd in fast), [
@@ -85,3 +85,8 @@ def test_a_straggler_never_holds_the_others_back_and_counts_late(tmp_path: Path)
         status = json.loads((nd.state_dir / "status.json").read_text())
         assert status["rejected_by_peer_reason"] == {}, (nd.index, status["rejected_by_peer_reason"])
         assert status["blacklisted_peers"] == [], (nd.index, status["blacklisted_peers"])
+
+
+def _late_straggler(row: dict[str, Any], straggler: str) -> bool:
+    """A step that trained on the straggler's completions, some of its completions at least a round old."""
+    return bool(row["completions_by_author"].get(straggler)) and any(int(k) >= 1 for k in row["staleness"])

@@ -339,10 +339,13 @@ def test_a_program_reaches_no_other_jobs_program(arith: ArithCodeTask) -> None:
 def test_a_candidate_reaches_no_tests(humaneval: HumanEvalTask) -> None:
     marker = "TQSTMARK" + os.urandom(6).hex()
     tests = f"def check(candidate):\n    # the expected values live here: {marker}\n    candidate()\n"
-    solution = CONTROL + GRAPH_SCAN + f"def f():\n    print(*scan([{halves(marker)}, {halves('CTRLAAAACTRLBBBB')}]))\n"
+    # flush=True: the candidate's output must be in its stdout before f returns. Once the tests' check returns,
+    # the keeper ends the candidate, which may not have reached its own flush at exit (CI saw an empty stdout).
+    scan = f"print(*scan([{halves(marker)}, {halves('CTRLAAAACTRLBBBB')}]), flush=True)"
+    solution = CONTROL + GRAPH_SCAN + f"def f():\n    {scan}\n"
     [result] = humaneval.sandbox.run_functions([FunctionJob(solution, tests, "f")])
     assert result.ok, result.stderr
-    assert " " in result.stdout.strip(), f"stdout {result.stdout!r} stderr {result.stderr!r}"  # once, in CI
+    assert " " in result.stdout.strip(), f"stdout {result.stdout!r} stderr {result.stderr!r}"
     objects, found = result.stdout.split(" ", 1)
     assert int(objects) > 10_000
     assert found.strip() == "['CTRLAAAA']"
