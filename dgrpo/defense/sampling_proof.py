@@ -94,7 +94,10 @@ def mismatches(
     # k + 1 best: the sampler keeps every token tied with the k-th, so where the next one ties with it more
     # than k are kept (then the general way); no other pass over the vocabulary
     values, tokens = torch.topk(raw, top_k + 1, dim=-1)  # [B, T, k + 1], best first
-    tied = (values[..., top_k] == values[..., top_k - 1]).any(-1).numpy()  # rows with such a position
+    tied_at = values[..., top_k] == values[..., top_k - 1]
+    if mask is not None:
+        tied_at &= mask  # padding is never checked: a tie there is no reason to go the general way
+    tied = tied_at.any(-1).numpy()  # rows with such a position
     values, tokens = values[..., :top_k], tokens[..., :top_k]
     kth = values[..., -1:]
     scores = values.double() / temperature  # [B, T, k]
