@@ -90,16 +90,14 @@ def mismatches(
         return np.zeros(B, dtype=np.int64), np.full(B, -1, dtype=np.int64), np.full(B, -1, dtype=np.int64)
     if not 0 < top_k < V - 1:
         return mismatches_full(logits, ids, seeds, temperature, top_k, top_p, atol, mask)
-    raw = logits if logits.dtype == torch.float32 else logits.float()
     # k + 1 best: the sampler keeps every token tied with the k-th, so where the next one ties with it more
     # than k are kept (then the general way); no other pass over the vocabulary
-    values, tokens = torch.topk(raw, top_k + 1, dim=-1)  # [B, T, k + 1], best first
+    values, tokens = torch.topk(logits.float(), top_k + 1, dim=-1)  # [B, T, k + 1], best first
     tied_at = values[..., top_k] == values[..., top_k - 1]
     if mask is not None:
         tied_at &= mask  # padding is never checked: a tie there is no reason to go the general way
     tied = tied_at.any(-1).numpy()  # rows with such a position
     values, tokens = values[..., :top_k], tokens[..., :top_k]
-    kth = values[..., -1:]
     scores = values.double() / temperature  # [B, T, k]
     tok = tokens.numpy().astype(np.int64)
     kept = np.ones(tok.shape, dtype=bool)
@@ -117,16 +115,12 @@ def mismatches(
     best = perturbed.max(-1)  # [B, T]
     # the sampler's choice: the best perturbed score, ties to the lowest token id
     choice_all = np.where(perturbed == best[..., None], tok, np.iinfo(np.int64).max).min(-1)
-    target = ids.numpy().astype(np.int64)
-    own_scores = (raw.gather(-1, ids.unsqueeze(-1)).squeeze(-1).double() / temperature).numpy()
-    own = own_scores + gumbel_noise(seed_arr[:, None], np.arange(T, dtype=np.uint64)[None, :], target)
-    ok = (own >= best - atol) & (own_scores >= (kth.squeeze(-1).double() / temperature).numpy() - atol)
+    own_scores, own = _claimed(logits, ids, seeds, temperature)
+    ok = (own >= best - atol) & (own_scores >= scores[..., -1].numpy() - atol)  # the best, and within top-k
     if top_p < 1.0:
-        ok &= ((tok == target[..., None]) & kept).any(-1)
-    bad = ~ok if mask is None else ~ok & mask.numpy()
-    first = np.where(bad.any(-1), bad.argmax(-1), -1)
+        ok &= ((tok == ids.numpy()[..., None]) & kept).any(-1)
+    count, first = _failures(ok, mask)
     choice = np.where(first >= 0, choice_all[np.arange(B), np.maximum(first, 0)], -1)
-    count = bad.sum(-1)
     if tied.any():  # those rows the general way (rare: float ties at the k-th score)
         rows = np.flatnonzero(tied)
         at = torch.from_numpy(rows)
@@ -159,18 +153,14 @@ def mismatches_full(
     perturbed = kept_scores + gumbel_noise(seed_arr[b_idx], t_idx, tok_idx)
     best = np.full(B * T, -np.inf)
     np.maximum.at(best, b_idx * T + t_idx, perturbed)
-    target = ids.numpy().astype(np.int64)
-    own_scores = (logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1).double() / temperature).numpy()
-    positions = np.broadcast_to(np.arange(T), (B, T))
-    own = own_scores + gumbel_noise(np.broadcast_to(seed_arr[:, None], (B, T)), positions, target)
+    own_scores, own = _claimed(logits, ids, seeds, temperature)
     ok = own >= best.reshape(B, T) - atol
     if 0 < top_k < scores.shape[-1]:
         kth = (torch.topk(logits, top_k, dim=-1).values[..., -1].double() / temperature).numpy()
         ok &= own_scores >= kth - atol
     if top_p < 1.0:
         ok &= keep.gather(-1, ids.unsqueeze(-1)).squeeze(-1).numpy()
-    bad = ~ok if mask is None else ~ok & mask.numpy()
-    first = np.where(bad.any(-1), bad.argmax(-1), -1)
+    count, first = _failures(ok, mask)
     # The sampler's choice at each row's first failing position: the first kept token (lowest id) whose
     # perturbed score is the best of its position.
     flat = b_idx * T + t_idx
@@ -179,7 +169,23 @@ def mismatches_full(
     for b in np.flatnonzero(first >= 0):
         hit = np.flatnonzero(is_best & (flat == b * T + first[b]))
         choice[b] = tok_idx[hit[0]] if len(hit) else -1
-    return bad.sum(-1), first, choice
+    return count, first, choice
+
+
+def _claimed(
+    logits: torch.Tensor, ids: torch.Tensor, seeds: Sequence[int], temperature: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The claimed tokens' scaled scores [B, T] and their perturbed scores (plus the sampler's noise)."""
+    B, T = ids.shape
+    own_scores = (logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1).double() / temperature).numpy()
+    seed_arr = np.broadcast_to(np.asarray(seeds, dtype=np.uint64)[:, None], (B, T))
+    return own_scores, own_scores + gumbel_noise(seed_arr, np.broadcast_to(np.arange(T), (B, T)), ids.numpy())
+
+
+def _failures(ok: np.ndarray, mask: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: failing positions counted (padding never) and the first one (-1 if none)."""
+    bad = ~ok if mask is None else ~ok & mask.numpy()
+    return bad.sum(-1), np.where(bad.any(-1), bad.argmax(-1), -1)
 
 
 def plausible_retokenisation(learner: Learner, text: str, prefix: Sequence[int], choice: int) -> bool:
