@@ -17,11 +17,12 @@ import pytest
 
 from dgrpo.daemon.testnet import NetNode, rounds_log, start_testnet, stop_nodes, tcp_address, wait_until
 
+YOUNG_ROUNDS = 5  # K
 SETS = [
     "rollout.prompts_per_round=2",
     "rollout.external_per_round=8",
     "rollout.external_per_author=4",
-    "rollout.young_rounds=5",
+    f"rollout.young_rounds={YOUNG_ROUNDS}",
     "rollout.young_share=0.25",
     "rounds.deadline_seconds=60",
     "rounds.peer_timeout_seconds=20",
@@ -93,4 +94,4 @@ def _seniors_known(nd: NetNode, honest: list[NetNode]) -> bool:
     if status is None:
         return False
     seniority = status["draw"]["seniority"]
-    return all(seniority.get(o.peer_id, 0) >= 5 for o in honest if o.peer_id != nd.peer_id)
+    return all(seniority.get(o.peer_id, 0) >= YOUNG_ROUNDS for o in honest if o.peer_id != nd.peer_id)
