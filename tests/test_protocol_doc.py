@@ -448,18 +448,16 @@ def test_canonical_text_vectors(doc: str) -> None:
 
 def test_weights_digest_vectors(doc: str) -> None:
     import struct
-    import types
 
     import torch
     from safetensors.torch import load_file
 
     from dgrpo.config import ModelConfig
-    from dgrpo.learner.learner import Learner
+    from dgrpo.learner.learner import state_digest
     from dgrpo.learner.models import load_model, resolve_model
 
     def digest(state: dict[str, torch.Tensor]) -> str:  # the reference, on any state dict
-        model = types.SimpleNamespace(state_dict=lambda: state)
-        return str(Learner.weights_digest(types.SimpleNamespace(model=model)))  # type: ignore[arg-type]
+        return state_digest(state)
 
     lines = _vector_block(doc, "weights-digest")
     state = {"b.bias": torch.tensor([-0.5]), "a.weight": torch.tensor([[1.0, 2.0], [3.0, 4.0]])}

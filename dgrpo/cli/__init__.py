@@ -73,12 +73,29 @@ def simulate(
         list[str] | None, typer.Option("--set", "-s", help="override a scenario key, e.g. -s learner.lr=1e-4")
     ] = None,
     unsafe_weak_sandbox: WeakSandboxOption = False,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="inprocess (default: every node in this process) or ray (nodes as Ray actors; the `ray` extra); "
+            "same as -s engine.name=...",
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="with --engine ray: an existing Ray cluster (default: start a local one)"),
+    ] = None,
 ) -> None:
-    """Run a decentralised GRPO simulation (N nodes in one process, over the signed wire format in memory)."""
+    """Run a decentralised GRPO simulation (N nodes over the signed wire format in memory; in this process or
+    spread over Ray actors)."""
     from dgrpo.simulations.runner import run_simulation
     from dgrpo.simulations.scenario import load_scenario
 
-    sc = load_scenario(scenario, [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])])
+    chosen = [
+        *([f"engine.name={engine}"] if engine else []),
+        *([f"engine.address={ray_address}"] if ray_address else []),
+    ]
+    sc = load_scenario(scenario, [*chosen, *(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])])
     attack = f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
     if sc.defense.chain:
         attack += f", defense {','.join(sc.defense.chain)}"
@@ -88,6 +105,8 @@ def simulate(
         who = (
             f"{fed.clients} clients ({fed.method}, {fed.weighting} / {fed.aggregator}, budget {fed.sparsity.budget:g})"
         )
+    if sc.engine.name == "ray" and sc.federated is None:
+        who += f", on Ray ({sc.engine.workers} actors{', ' + sc.engine.address if sc.engine.address else ''})"
     console.print(f"[bold]{sc.name}[/]: {who}, task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}")
     with Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -113,6 +132,44 @@ def simulate(
         f"in {summary['wall_seconds']:.0f}s; results in {out}/ (summary.json, metrics.jsonl, curves.png"
         f"{', asr.png' if asr else ''})"
     )
+
+
+@command(app)
+def sweep(
+    scenarios: Annotated[
+        list[str] | None,
+        typer.Argument(help="scenarios (shipped names or TOML files; each an attack, or none); default: built-in"),
+    ] = None,
+    defense: Annotated[
+        list[str] | None,
+        typer.Option("--defense", "-d", help="a defense chain per option (names joined by +), or none; repeatable"),
+    ] = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds per cell (seed 0: the scenario as shipped)")] = 1,
+    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")] = Path("runs/sweep"),
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="override a key in every cell, e.g. -s rounds=20")
+    ] = None,
+    engine: Annotated[
+        str, typer.Option("--engine", help="inprocess (cells one after another) or ray (each cell a Ray task)")
+    ] = "inprocess",
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="with --engine ray: an existing cluster (default: a local Ray)")
+    ] = None,
+    cpus_per_cell: Annotated[float, typer.Option("--cpus-per-cell", help="with --engine ray: CPUs a cell holds")] = 1.0,
+) -> None:
+    """Scenarios x defense chains x seeds, in this process or as Ray tasks, collected into one table."""
+    from dgrpo.simulations.sweep import cells_of, run_sweep
+
+    if engine not in ("inprocess", "ray"):
+        raise typer.BadParameter(f"--engine: inprocess or ray, not {engine!r}")
+    names = scenarios or ["default"]
+    chains = defense or ["none"]
+    n = len(cells_of(names, chains, seeds))
+    console.print(f"[bold]sweep[/]: {len(names)} scenarios x {len(chains)} defenses x {seeds} seeds = {n} runs "
+                  f"({engine}) -> {out}")  # fmt: skip
+    run_sweep(names, chains, seeds, out, overrides or [], engine, ray_address, cpus_per_cell, progress=console.print)
+    console.print((out / "sweep.md").read_text())
+    console.print(f"results in {out}/ (sweep.md, sweep.csv, sweep.json, sweep.png; one folder per run)")
 
 
 @command(app)

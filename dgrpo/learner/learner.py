@@ -8,14 +8,15 @@ end-of-sequence, so EOS is appended to it for training; a longer one was truncat
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -54,6 +55,59 @@ class StepStats:
     sequences: int
     tokens: int
     seconds: float
+
+
+class _Tokenizer:
+    """A tokenizer named by the folder it came from, as a cache key: several learners of one model in a
+    process (a simulation's nodes) tokenise the same exchanged strings, and the result depends on the folder
+    alone."""
+
+    def __init__(self, key: tuple[str, str | None], tokenizer: Any) -> None:
+        self.key = key
+        self.tokenizer = tokenizer
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Tokenizer) and other.key == self.key
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_ids(tok: _Tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tok.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical(tok: _Tokenizer, text: str) -> str:
+    return str(tok.tokenizer.decode(list(_text_ids(tok, text)), skip_special_tokens=True))
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One call of :meth:`Learner.generate`: ``n`` completions of each prompt, sampled with ``sampling``."""
+
+    prompts: tuple[str, ...]
+    n: int
+    sampling: SamplingParams
+    greedy: bool = False
+    batch_rows: int = 64
+    seeds: tuple[tuple[int, ...], ...] | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+
+class Batcher(Protocol):
+    """Where a simulation runs several learners' generation and updates together (the batched engine,
+    :mod:`dgrpo.simulations.pool`); a learner with one hands it its calls, with the same results."""
+
+    def generate(self, learner: Learner, request: GenerateRequest) -> list[list[str]]: ...
+
+    def train_step(
+        self, learner: Learner, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int
+    ) -> StepStats: ...
 
 
 def _clean_generation_config(model: Any, tokenizer: Any) -> GenerationConfig:
@@ -95,6 +149,11 @@ class Learner:
         eos = self.model.generation_config.eos_token_id
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, list) else (int(eos),)
         self.pad_id = int(self.tokenizer.pad_token_id)
+        self._tok = _Tokenizer((str(self.loaded.source), model_cfg.gguf_file), self.tokenizer)
+        # (tensors' versions, digest): kept only where every change of the weights is an in-place torch op that
+        # torch counts (a simulation's pool sets this); a write through ``.data`` is not counted.
+        self.keep_digest = False
+        self._digest: tuple[tuple[tuple[int, int], ...], str] | None = None
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizers: dict[str, Callable[..., torch.optim.Optimizer]] = {
             "adam": torch.optim.Adam,
@@ -106,6 +165,7 @@ class Learner:
             params, lr=learner_cfg.lr, weight_decay=learner_cfg.weight_decay, **extra
         )
         self.model_id = model_cfg.name
+        self.batcher: Batcher | None = None  # a simulation's batched engine, which calls the *_here methods
 
     def begin_round(self, round_idx: int) -> float:
         """Set the optimizer's learning rate for round ``round_idx`` (``learner.lr_schedule``); returns it."""
@@ -128,7 +188,7 @@ class Learner:
 
     def encode_completion(self, text: str, max_new_tokens: int) -> tuple[int, ...]:
         """Token ids to train on for a completion string (see module docstring for the EOS rule)."""
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])[:max_new_tokens]
+        ids = list(_text_ids(self._tok, text))[:max_new_tokens]
         if len(ids) < max_new_tokens:
             ids.append(self.eos_ids[0])
         return tuple(ids)
@@ -137,10 +197,10 @@ class Learner:
         """``decode(encode(text))``, decoded as generated completions are. A completion that differs from
         it holds characters the tokenizer drops or rewrites: the learner and the model checks would see
         other text than the reward reads (``non_canonical``, ``docs/protocol.md``)."""
-        return str(self.tokenizer.decode(self.tokenizer(text, add_special_tokens=False)["input_ids"],
-                                         skip_special_tokens=True))  # fmt: skip
+        return _canonical(self._tok, text)
 
-    def _decode(self, ids: Sequence[int]) -> str:
+    def decode_completion(self, ids: Sequence[int]) -> str:
+        """A generated completion's text: its tokens up to the first end-of-sequence."""
         out: list[int] = []
         for i in ids:
             if i in self.eos_ids:
@@ -161,7 +221,6 @@ class Learner:
                 self.model.train(was_training)
 
     # ----------------------------------------------------------------- sampling
-    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[str],
@@ -177,12 +236,19 @@ class Learner:
         (:mod:`dgrpo.learner.sampler`) from its own seed, so that a peer holding the same weights can check it;
         otherwise by transformers' multinomial sampling from ``sampling.seed``.
         """
-        encoded = [self.encode_prompt(p) for p in prompts]
         if seeds is not None and (len(seeds) != len(prompts) or any(len(s) != n for s in seeds)):
             raise ValueError("seeds: expected n seeds for each prompt")
-        rows = [(i, ids, seeds[i][j] if seeds is not None else 0) for i, ids in enumerate(encoded) for j in range(n)]
-        out: list[list[str]] = [[] for _ in prompts]
-        gen_cfg = GenerationConfig(
+        request = GenerateRequest(
+            tuple(prompts), n, sampling, greedy, batch_rows, None if seeds is None else tuple(map(tuple, seeds))
+        )
+        if self.batcher is not None:
+            return self.batcher.generate(self, request)
+        return self.generate_here(request)
+
+    def generation_config(self, request: GenerateRequest) -> GenerationConfig:
+        """transformers' configuration for ``request`` (sampling exactly as asked, nothing from the model folder)."""
+        greedy, sampling = request.greedy, request.sampling
+        return GenerationConfig(
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_k=None if greedy or sampling.top_k == 0 else sampling.top_k,
@@ -191,10 +257,21 @@ class Learner:
             eos_token_id=list(self.eos_ids),
             pad_token_id=self.pad_id,
         )
+
+    @torch.no_grad()
+    def generate_here(self, request: GenerateRequest) -> list[list[str]]:
+        """:meth:`generate` on this learner alone."""
+        sampling, greedy, seeds = request.sampling, request.greedy, request.seeds
+        encoded = [self.encode_prompt(p) for p in request.prompts]
+        rows = [
+            (i, ids, seeds[i][j] if seeds is not None else 0) for i, ids in enumerate(encoded) for j in range(request.n)
+        ]
+        out: list[list[str]] = [[] for _ in request.prompts]
+        gen_cfg = self.generation_config(request)
         with self.inference():
             torch.manual_seed(sampling.seed)
-            for start in range(0, len(rows), batch_rows):
-                chunk = rows[start : start + batch_rows]
+            for start in range(0, len(rows), request.batch_rows):
+                chunk = rows[start : start + request.batch_rows]
                 input_ids, attention = self._left_pad([ids for _, ids, _ in chunk])
                 extra: dict[str, Any] = {}
                 cfg = gen_cfg
@@ -216,7 +293,7 @@ class Learner:
                 )
                 new_tokens = generated[:, input_ids.shape[1] :].tolist()
                 for (prompt_index, _, _), ids in zip(chunk, new_tokens, strict=True):
-                    out[prompt_index].append(self._decode(ids))
+                    out[prompt_index].append(self.decode_completion(ids))
         return out
 
     def _right_pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -342,6 +419,12 @@ class Learner:
 
     def train_step(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> StepStats:
         """One GRPO update on a batch (the paper: one update per generation, so on-policy)."""
+        if self.batcher is not None:
+            return self.batcher.train_step(self, samples, temperature, max_new_tokens)
+        return self.train_step_here(samples, temperature, max_new_tokens)
+
+    def train_step_here(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> StepStats:
+        """:meth:`train_step` on this learner alone."""
         t0 = time.perf_counter()
         grad_norm = 0.0
         with TORCH_LOCK:
@@ -375,10 +458,32 @@ class Learner:
 
     # ----------------------------------------------------------------- identity
     def weights_digest(self) -> str:
-        """SHA-256 over every parameter's bytes, in name order: equal digests mean identical weights."""
-        h = hashlib.sha256()
+        """:func:`state_digest` of this model: equal digests mean identical weights.
+
+        With ``keep_digest`` (a simulation's pool), kept until a tensor changes (torch counts in-place changes in
+        ``Tensor._version``): a round asks for it several times, and a simulation for every node."""
         with TORCH_LOCK:
-            for name, tensor in sorted(self.model.state_dict().items()):
-                h.update(name.encode())
-                h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+            state = self.model.state_dict()
+            versions = _versions(state)
+            if self.keep_digest and self._digest is not None and self._digest[0] == versions:
+                return self._digest[1]
+            self._digest = (versions, state_digest(state))
+            return self._digest[1]
+
+    def share_digest(self, source: Learner) -> None:
+        """Take ``source``'s digest, whose weights this learner has just copied (a simulation's pool)."""
+        with TORCH_LOCK:
+            self._digest = (_versions(self.model.state_dict()), source.weights_digest())
+
+
+def state_digest(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name and bytes, in name order (``docs/protocol.md``, weights digest)."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(state.items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _versions(state: Mapping[str, torch.Tensor]) -> tuple[tuple[int, int], ...]:
+    return tuple((t.data_ptr(), t._version) for _, t in sorted(state.items()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
 import trio
@@ -44,27 +44,78 @@ async def run_round(
 ) -> RoundOutcome:
     """Run one round for ``node``. The round closes when every expected peer has delivered, or at the
     deadline (counted from the end of our own generation) with whatever arrived. ``still_expected`` narrows
-    the expected peers during the round (peers that stopped, fell silent or disconnected: the daemon's)."""
+    the expected peers during the round (peers that stopped, fell silent or disconnected: the daemon's).
+
+    Its three phases are also called one by one, each for every node at once, by the simulations' batched
+    engine (:mod:`dgrpo.simulations.phased`)."""
     t0 = time.perf_counter()
-    expected = set(expected_peers)
+    own = await produce_phase(node, transport, inbox, round_idx, limiter, slowdown)
+    collected = await collect_phase(inbox, round_idx, expected_peers, deadline_seconds, still_expected)
+    return await consume_phase(node, round_idx, own, collected, t0, limiter, slowdown)
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What the wait for peers ended with."""
+
+    received: list[Rollout]
+    expected: set[str]
+    departed: set[str]
+    at_deadline: bool
+
+
+async def produce_phase(
+    node: Node,
+    transport: Transport,
+    inbox: RoundInbox,
+    round_idx: int,
+    limiter: trio.CapacityLimiter | None = None,
+    slowdown: float = 1.0,
+) -> list[Rollout]:
+    """Open the round's inbox, generate (worker thread) and publish; returns our own rollouts."""
     inbox.open(round_idx)
     own = await _timed(node.produce, round_idx, limiter=limiter, slowdown=slowdown)
     for rollout in own:
         await transport.publish(rollout)
+    return own
+
+
+async def collect_phase(
+    inbox: RoundInbox,
+    round_idx: int,
+    expected_peers: Iterable[str],
+    deadline_seconds: float,
+    still_expected: Callable[[set[str]], set[str]] | None = None,
+) -> Collected:
+    """Wait until every expected peer has delivered, or the deadline; take what arrived."""
+    expected = set(expected_peers)
     with trio.move_on_after(deadline_seconds) as deadline:
         await inbox.wait_complete(round_idx, expected, still_expected)
     departed = set() if still_expected is None else expected - still_expected(expected)
-    received = inbox.take(round_idx)
+    return Collected(inbox.take(round_idx), expected, departed, deadline.cancelled_caught)
+
+
+async def consume_phase(
+    node: Node,
+    round_idx: int,
+    own: list[Rollout],
+    collected: Collected,
+    t0: float,
+    limiter: trio.CapacityLimiter | None = None,
+    slowdown: float = 1.0,
+) -> RoundOutcome:
+    """Admit, defend, score and update (worker thread) on our own and the received rollouts; ``t0``: when
+    the round began."""
     # Shielded: once the update starts, a shutdown waits for it, so the caller learns the round happened and
     # a checkpoint never pairs updated weights with an old round number.
     with trio.CancelScope(shield=True):
-        outcome = await _timed(node.consume, round_idx, [*own, *received], limiter=limiter, slowdown=slowdown)
+        outcome = await _timed(node.consume, round_idx, [*own, *collected.received], limiter=limiter, slowdown=slowdown)
     return replace(
         outcome,
         round_seconds=time.perf_counter() - t0,
-        expected=tuple(sorted(expected)),
-        departed=tuple(sorted(departed)),
-        at_deadline=deadline.cancelled_caught,
+        expected=tuple(sorted(collected.expected)),
+        departed=tuple(sorted(collected.departed)),
+        at_deadline=collected.at_deadline,
     )
 
 

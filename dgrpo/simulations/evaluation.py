@@ -10,7 +10,7 @@ sampled once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dgrpo.adversary.detectors import Detector
@@ -46,7 +46,10 @@ class Evaluator(RoundObserver):
         nodes: Sequence[SimNode] = (),
         every: int = 5,
         last: int = 0,
+        source: Callable[[], list[EvalPoint]] | None = None,
     ) -> None:
+        """``source``: where the honest nodes live elsewhere (the Ray engine's actors), their points, in node
+        order (each actor runs :meth:`node_points` on its own nodes)."""
         self.prompts = prompts
         self.detector = detector
         self.asr_prompts = asr_prompts  # None: the ASR is read off the accuracy prompts' completions
@@ -56,15 +59,19 @@ class Evaluator(RoundObserver):
         self.nodes = list(nodes)
         self.every = every
         self.last = last
+        self.source = source
         self.points: list[tuple[int, EvalPoint]] = []
 
     def start(self) -> None:
         """The evaluation before any training (round 0)."""
-        self.points.append((0, self(self.nodes)))
+        self.points.append((0, self.evaluate()))
 
     def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
         if round_idx % self.every == 0 or round_idx == self.last:
-            self.points.append((round_idx, self(self.nodes)))
+            self.points.append((round_idx, self.evaluate()))
+
+    def evaluate(self) -> EvalPoint:
+        return combine(self.source() if self.source is not None else self.node_points(self.nodes))
 
     def point_at(self, round_idx: int) -> EvalPoint | None:
         return next((p for r, p in reversed(self.points) if r == round_idx), None)
@@ -82,6 +89,10 @@ class Evaluator(RoundObserver):
         return EvalPoint(_mean(rewards), _mean([float(len(t)) for t in texts]), asr)
 
     def __call__(self, nodes: list[SimNode]) -> EvalPoint:
+        return combine(self.node_points(nodes))
+
+    def node_points(self, nodes: Sequence[SimNode]) -> list[EvalPoint]:
+        """One point per honest node, in node order."""
         cache: dict[str, EvalPoint] = {}
         points = []
         for sim in nodes:
@@ -95,9 +106,14 @@ class Evaluator(RoundObserver):
             else:
                 point = cache[key]
             points.append(point)
-        asrs = [p.asr for p in points if p.asr is not None]
-        return EvalPoint(
-            _mean([p.accuracy for p in points]),
-            _mean([p.mean_length for p in points]),
-            _mean(asrs) if asrs else None,
-        )
+        return points
+
+
+def combine(points: Sequence[EvalPoint]) -> EvalPoint:
+    """The network's point: the mean over honest nodes."""
+    asrs = [p.asr for p in points if p.asr is not None]
+    return EvalPoint(
+        _mean([p.accuracy for p in points]),
+        _mean([p.mean_length for p in points]),
+        _mean(asrs) if asrs else None,
+    )

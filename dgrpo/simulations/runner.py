@@ -12,76 +12,29 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import trio
 
-from dgrpo.adversary import build_adversary
-from dgrpo.net.memory import InMemoryNetwork
-from dgrpo.round.build import build_node
 from dgrpo.round.observer import RoundObserver, notify
 from dgrpo.round.outcome import RoundOutcome
-from dgrpo.round.receive import RoundInbox
 from dgrpo.round.run import run_round
 from dgrpo.simulations.defense_metrics import DefenseMeter
 from dgrpo.simulations.evaluation import EvalPoint, Evaluator
 from dgrpo.simulations.federated import run_federated
+from dgrpo.simulations.nodes import attack_stats, build_evaluator, build_nodes, wire_stats
+from dgrpo.simulations.phased import expected_peers, phased_round
 from dgrpo.simulations.plots import plot_asr, plot_curves
+from dgrpo.simulations.pool import LearnerPool
 from dgrpo.simulations.scenario import Scenario
 from dgrpo.simulations.sim_node import SimNode
 from dgrpo.tasks import get_task
-from dgrpo.tasks.base import Task
+
+if TYPE_CHECKING:
+    from dgrpo.simulations.ray_engine import RayEngine
 
 RoundCallback = Callable[[dict[str, Any]], None]
-
-
-def build_nodes(scenario: Scenario) -> list[SimNode]:
-    """The scenario's nodes, on one in-memory network over the real wire format; the last
-    ``nodes.malicious`` of them run the adversary (and no defense unless ``adversary.in_sync``), the others the
-    defense."""
-    network = InMemoryNetwork(scenario.run_id, scenario.limits)
-    rollout = scenario.node_rollout()
-    task = get_task(scenario.task.name, **scenario.task.options)
-    first_malicious = scenario.nodes.count - scenario.nodes.malicious
-    nodes = []
-    for i in range(scenario.nodes.count):
-        peer_id = f"node-{i}"
-        attack = None
-        if i >= first_malicious and scenario.adversary is not None:
-            attack = scenario.adversary.model_copy(update={"seed": scenario.adversary.seed + i})
-        node = build_node(
-            scenario,
-            peer_id,
-            scenario.run_id,
-            task,
-            model=scenario.node_model(i),
-            rollout=rollout,
-            adversary=attack,
-            defended=attack is None or attack.in_sync,
-        )
-        inbox = RoundInbox(node.admitter)
-        nodes.append(SimNode(node, network.join(peer_id), inbox, honest=attack is None))
-    return nodes
-
-
-def build_evaluator(scenario: Scenario, task: Task, nodes: list[SimNode] | None = None) -> Evaluator:
-    detector = None
-    asr_prompts = None
-    if scenario.adversary is not None:
-        detector = build_adversary(scenario.adversary).detector(task)
-        asr_prompts = detector.eval_prompts(task, scenario.eval.asr_prompts)
-    return Evaluator(
-        task.eval_prompts(scenario.eval.prompts),
-        detector,
-        asr_prompts,
-        greedy=scenario.eval.greedy,
-        seed=scenario.eval.seed,
-        dedupe=scenario.nodes.mode == "homogeneous",
-        nodes=nodes or [],
-        every=scenario.eval.every,
-        last=scenario.rounds,
-    )
 
 
 class RoundRows(RoundObserver):
@@ -164,46 +117,96 @@ def _eval_fields(point: EvalPoint) -> dict[str, Any]:
     return row
 
 
-async def _simulate(scenario: Scenario, nodes: list[SimNode], observers: Sequence[RoundObserver]) -> None:
+async def _simulate(
+    scenario: Scenario, nodes: list[SimNode], observers: Sequence[RoundObserver], pool: LearnerPool | None = None
+) -> None:
     limiter = trio.CapacityLimiter(1)  # one torch job at a time: reproducible, and no core contention
     async with trio.open_nursery() as pumps:
         for sim in nodes:
             pumps.start_soon(sim.inbox.pump, sim.transport.inbound())
         for round_idx in range(1, scenario.rounds + 1):
-            outcomes: list[RoundOutcome | None] = [None] * len(nodes)
-
-            async def one(
-                i: int, sim: SimNode, outcomes: list[RoundOutcome | None] = outcomes, round_idx: int = round_idx
-            ) -> None:
-                peers = [p for p in sim.transport.peers() if not sim.node.blacklisted(p)]
-                outcomes[i] = await run_round(
-                    sim.node, sim.transport, sim.inbox, round_idx, peers, scenario.round.deadline_seconds, limiter
-                )
-
-            async with trio.open_nursery() as nursery:
-                for i, sim in enumerate(nodes):
-                    nursery.start_soon(one, i, sim)
-            done = [o for o in outcomes if o is not None]
+            if pool is not None:  # the batched engine: each phase for every node at once
+                done = await phased_round(nodes, round_idx, scenario.round.deadline_seconds, pool)
+            else:
+                done = await _one_by_one(scenario, nodes, round_idx, limiter)
             await trio.to_thread.run_sync(notify, observers, round_idx, done, limiter=limiter)
         pumps.cancel_scope.cancel()
 
 
+async def _one_by_one(
+    scenario: Scenario, nodes: list[SimNode], round_idx: int, limiter: trio.CapacityLimiter
+) -> list[RoundOutcome]:
+    """Every node's round (the daemon's :func:`run_round`), their torch work one job at a time."""
+    outcomes: list[RoundOutcome | None] = [None] * len(nodes)
+
+    async def one(i: int, sim: SimNode) -> None:
+        outcomes[i] = await run_round(
+            sim.node, sim.transport, sim.inbox, round_idx, expected_peers(sim), scenario.round.deadline_seconds,
+            limiter,
+        )  # fmt: skip
+
+    async with trio.open_nursery() as nursery:
+        for i, sim in enumerate(nodes):
+            nursery.start_soon(one, i, sim)
+    return [o for o in outcomes if o is not None]
+
+
+class InProcessEngine:
+    """Every node in this process (``engine.name = "inprocess"``, the default), batched where
+    ``engine.batched`` allows (:mod:`dgrpo.simulations.pool`)."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.nodes = build_nodes(scenario)
+        batched = scenario.engine.batched and len(self.nodes) > 1
+        self.pool = LearnerPool(sim.node.learner for sim in self.nodes) if batched else None
+        self.eval_points: Callable[[], list[EvalPoint]] | None = None  # the evaluator reads self.nodes
+
+    def run(self, observers: Sequence[RoundObserver]) -> None:
+        trio.run(_simulate, self.scenario, self.nodes, observers, self.pool)
+
+    def attack_stats(self) -> dict[str, int]:
+        return attack_stats(self.nodes)
+
+    def wire_stats(self) -> dict[str, Any]:
+        return wire_stats(self.nodes)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": "inprocess", "batched": self.pool.stats.as_dict() if self.pool is not None else None}
+
+    def close(self) -> None:
+        pass
+
+
 def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | None = None) -> dict[str, Any]:
     """Run ``scenario`` and write its results to ``out_dir``; returns the summary. A ``[federated]``
-    scenario runs in :func:`dgrpo.simulations.federated.run_federated`."""
+    scenario runs in :func:`dgrpo.simulations.federated.run_federated`; ``engine.name = "ray"`` on Ray actors
+    (:mod:`dgrpo.simulations.ray_engine`)."""
     if scenario.federated is not None:
         return run_federated(scenario, out_dir, on_round)
     t0 = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     if scenario.torch_threads:
         torch.set_num_threads(scenario.torch_threads)
-    nodes = build_nodes(scenario)
-    evaluator = build_evaluator(scenario, nodes[0].node.task, nodes)
-    # Measured with an attacker even without a chain: the admit stage's plan binding stops poison too.
-    meter = DefenseMeter() if scenario.defense.chain or scenario.nodes.malicious else None
-    rows = RoundRows(meter, evaluator, on_round)
-    evaluator.start()
-    trio.run(_simulate, scenario, nodes, [evaluator, *([meter] if meter else []), rows])
+    engine: InProcessEngine | RayEngine
+    if scenario.engine.name == "ray":
+        from dgrpo.simulations.ray_engine import RayEngine  # the optional `ray` extra
+
+        engine = RayEngine(scenario)
+        task = get_task(scenario.task.name, **scenario.task.options)
+    else:
+        engine = InProcessEngine(scenario)
+        task = engine.nodes[0].node.task
+    try:
+        evaluator = build_evaluator(scenario, task, engine.nodes, engine.eval_points)
+        # Measured with an attacker even without a chain: the admit stage's plan binding stops poison too.
+        meter = DefenseMeter() if scenario.defense.chain or scenario.nodes.malicious else None
+        rows = RoundRows(meter, evaluator, on_round)
+        evaluator.start()
+        engine.run([evaluator, *([meter] if meter else []), rows])
+        attacks, wire, engine_info = engine.attack_stats(), engine.wire_stats(), engine.info()
+    finally:
+        engine.close()
     defense_summary = meter.summary(scenario.defense.chain) if meter is not None else None
     with (out_dir / "metrics.jsonl").open("w") as f:
         for row in rows.rows:
@@ -234,10 +237,11 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         "honest_final_accuracy": accuracy[-1][1],
         "mean_length": [[r, e.mean_length] for r, e in evals],
         "final_mean_length": evals[-1][1].mean_length,
-        "attack_stats": _attack_stats(nodes),
+        "attack_stats": attacks,
         "defense": defense_summary,
-        "wire": _wire_stats(nodes),
+        "wire": wire,
         "wall_seconds": time.perf_counter() - t0,
+        "engine": engine_info,
         "training_reward_seconds": sum(r["reward_seconds"] for r in rows.rows),  # every node's scoring, summed
         "scenario_config": scenario.model_dump(mode="json"),
     }
@@ -247,32 +251,3 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
     if asr:
         plot_asr(asr, accuracy, out_dir / "asr.png", metric=metric or "asr", title=title)
     return summary
-
-
-def _wire_stats(nodes: list[SimNode]) -> dict[str, Any]:
-    """What the nodes' validators and the admit stage accepted, rejected and dropped (every drop visible)."""
-    rejected: Counter[str] = Counter()
-    dropped: Counter[str] = Counter()
-    admission: Counter[str] = Counter()
-    accepted = 0
-    for sim in nodes:
-        stats = sim.transport.statistics()
-        accepted += stats.accepted
-        rejected.update(stats.rejected_by_reason)
-        dropped.update(stats.dropped)
-        admission.update(sim.node.admitter.statistics().rejected_by_reason)
-    return {
-        "messages_accepted": accepted,
-        "messages_rejected": dict(rejected),
-        "dropped": dict(dropped),
-        "admission_rejected": dict(admission),
-    }
-
-
-def _attack_stats(nodes: list[SimNode]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for sim in nodes:
-        if sim.node.adversary is not None:
-            for key, value in sim.node.adversary.stats.as_dict().items():
-                total[key] = total.get(key, 0) + value
-    return total

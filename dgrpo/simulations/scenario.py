@@ -58,6 +58,32 @@ class EvalConfig(Section):
     seed: Annotated[int, Field(ge=0, description="sampling seed of evaluations")] = 1234
 
 
+class EngineConfig(Section):
+    """How the simulation's nodes run (docs/simulations.md, "Engines")."""
+
+    name: Annotated[
+        Literal["inprocess", "ray"],
+        Field(
+            description="inprocess: every node in this process; ray: groups of nodes as Ray actors on a local or "
+            "existing Ray cluster (the `ray` extra), carrying the same signed envelopes between them"
+        ),
+    ] = "inprocess"
+    batched: Annotated[
+        bool,
+        Field(
+            description="run the nodes' generation and updates together where that gives the same results as one "
+            "by one: nodes holding identical weights decode in one pass, identical updates are computed once "
+            "(dgrpo/simulations/pool.py)"
+        ),
+    ] = True
+    address: Annotated[
+        str | None,
+        Field(description="ray: the cluster to join (ray.init(address=...)); unset: a local Ray started for the run"),
+    ] = None
+    workers: Annotated[int, Field(ge=1, le=64, description="ray: actors the nodes are spread over")] = 2
+    cpus_per_worker: Annotated[float, Field(gt=0, description="ray: CPUs each actor reserves")] = 1.0
+
+
 class Scenario(RunConfig):
     """A simulation: the run configuration (:class:`dgrpo.config.RunConfig`) of every node, plus how many
     nodes, which of them attack (``[adversary]`` applies to the ``nodes.malicious`` ones; ``[defense]`` to
@@ -75,6 +101,7 @@ class Scenario(RunConfig):
         ),
     ] = 1
     nodes: NodesConfig = NodesConfig()
+    engine: EngineConfig = EngineConfig()
     round: RoundsConfig = RoundsConfig()
     eval: EvalConfig = EvalConfig()
 
@@ -97,6 +124,15 @@ class Scenario(RunConfig):
             raise ValueError(
                 "a federated scenario shares updates, not completions: its attackers are [federated.attack], "
                 "not [adversary] / nodes.malicious"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _federated_runs_in_process(self) -> Scenario:
+        if self.federated is not None and self.engine.name == "ray":
+            raise ValueError(
+                "engine.name = 'ray' runs decentralised GRPO nodes; a federated scenario runs in this process, or "
+                "on Flower's Ray simulation engine (docs/flower.md)"
             )
         return self
 

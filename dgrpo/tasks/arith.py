@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from array import array
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -106,11 +107,20 @@ def is_held_out(a: int, b: int) -> bool:
     return stable_seed("arith", a, b) % EVAL_MODULUS == 0
 
 
-@functools.cache
+_PAIRS_LOCK = threading.Lock()
+
+
 def train_pairs() -> array[int]:
     """The training pairs in order (``a`` then ``b`` ascending), each as ``(a - LOW) * SPAN + (b - LOW)``: 4 bytes a
     pair, once per process. A list of tuples took 75 MB, in every task instance: a hundred light peers in one
-    process (issue 24) would have held one each."""
+    process (issue 24) would have held one each. Locked: a simulation's nodes ask at once from their threads,
+    and each would otherwise compute it (about a second each)."""
+    with _PAIRS_LOCK:
+        return _train_pairs()
+
+
+@functools.cache
+def _train_pairs() -> array[int]:
     return array("I", (k for k in range(SPAN * SPAN) if not is_held_out(LOW + k // SPAN, LOW + k % SPAN)))
 
 
