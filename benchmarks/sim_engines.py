@@ -63,6 +63,7 @@ def main() -> None:
     n = args.nodes
     base = [f"rounds={args.rounds}"]
     # (name, overrides, compared with)
+    # (name, overrides, compared with: the run whose rounds it must equal)
     plan: list[tuple[str, list[str], str | None]] = [
         ("1 node", [*base, "nodes.count=1"], None),
         (f"{n} nodes, one by one", [*base, f"nodes.count={n}", "engine.batched=false"], None),
@@ -95,6 +96,7 @@ def main() -> None:
             "overrides": " ".join(overrides),
             "wall_s": round(summary["wall_seconds"], 2),
             "vs_1_node": round(summary["wall_seconds"] / runs["1 node"][0]["wall_seconds"], 2),
+            "vs_one_by_one": _vs_one_by_one(name, summary, runs),
             "final_accuracy": summary["final_accuracy"],
             "final_asr": summary.get("final_asr"),
             "compared_with": against,
@@ -117,14 +119,27 @@ def main() -> None:
             writer.writerow({k: v for k, v in row.items() if k != "engine"})
     plot(table, args.out / "engines.png", args.rounds)
     print(f"\n{args.rounds} rounds of the default scenario (wall time of each run, this machine)")
-    print(f"{'run':40s} {'wall s':>8s} {'x 1 node':>9s} {'accuracy':>9s} {'ASR':>6s}  same rounds as")
+    print(f"{'run':40s} {'wall s':>8s} {'x 1 node':>9s} {'x 1 by 1':>9s} {'accuracy':>9s} {'ASR':>6s}  same rounds as")
     for row in table:
         asr = "" if row["final_asr"] is None else f"{row['final_asr']:.3f}"
         same = "" if row["compared_with"] is None else f"{row['compared_with']}: {row['same_rounds']}"
         print(
-            f"{row['run']:40s} {row['wall_s']:8.2f} {row['vs_1_node']:9.2f} {row['final_accuracy']:9.3f} "
+            f"{row['run']:40s} {row['wall_s']:8.2f} {row['vs_1_node']:9.2f} "
+            f"{'' if row['vs_one_by_one'] is None else format(row['vs_one_by_one'], '.2f'):>9s} "
+            f"{row['final_accuracy']:9.3f} "
             f"{asr:>6s}  {same}"
         )
+
+
+def _vs_one_by_one(
+    name: str, summary: dict[str, Any], runs: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]
+) -> float | None:
+    """Wall time against the same network run one by one (the attacked rows' fair comparison: one node
+    cannot be attacked)."""
+    base = name.split(",")[0] + ", one by one"
+    if base == name or base not in runs:
+        return None
+    return round(summary["wall_seconds"] / runs[base][0]["wall_seconds"], 2)
 
 
 def plot(table: list[dict[str, Any]], path: Path, rounds: int) -> None:

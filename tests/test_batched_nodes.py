@@ -175,6 +175,8 @@ def test_a_batched_run_equals_the_one_by_one_run(tmp_path: Path, overrides: list
         assert stats["train_steps"] == 4  # four identical nodes: one update a round
     else:
         assert stats["train_steps"] > 4
+    if any("logit" in o for o in overrides):  # the three honest nodes' defense passes: computed once each
+        assert 0 < stats["logits_passes"] * 3 == stats["logits_calls"]
 
 
 def test_heterogeneous_nodes_run_one_by_one_in_the_pool(tmp_path: Path) -> None:

@@ -54,8 +54,7 @@ def teacher_force(
     order = sorted(range(len(encoded)), key=lambda i: (encoded[i][0], len(encoded[i][1])))
     for start in range(0, len(order), micro_batch):
         rows = order[start : start + micro_batch]
-        with learner.inference():
-            logits, ids, mask = learner.completion_logits_shared([encoded[i] for i in rows])
+        logits, ids, mask = learner.forced_logits([encoded[i] for i in rows])
         yield ForcedBatch(rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu(), [overflow[i] for i in rows])
 
 

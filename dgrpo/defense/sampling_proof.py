@@ -232,8 +232,7 @@ def retokenise(
         if not todo:
             break
         samples = [(learner.encode_prompt(pending[i][0]), rebuilt) for i, rebuilt, _ in todo]
-        with learner.inference():
-            logits, forced, mask = learner.completion_logits_shared(samples)
+        logits, forced, mask = learner.forced_logits(samples)
         bad, firsts, choices = mismatches(
             logits.float().cpu(),
             forced.cpu(),

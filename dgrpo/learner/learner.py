@@ -99,6 +99,11 @@ class GenerateRequest:
         return len(self.prompts) * self.n
 
 
+# (prompt ids, completion ids) pairs, and their teacher-forced (logits [B, T, V], ids [B, T], mask [B, T])
+ForcedSamples = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+ForcedLogits = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 class Batcher(Protocol):
     """Where a simulation runs several learners' generation and updates together (the batched engine,
     :mod:`dgrpo.simulations.pool`); a learner with one hands it its calls, with the same results."""
@@ -108,6 +113,8 @@ class Batcher(Protocol):
     def train_step(
         self, learner: Learner, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int
     ) -> StepStats: ...
+
+    def forced_logits(self, learner: Learner, samples: ForcedSamples) -> ForcedLogits: ...
 
 
 def _clean_generation_config(model: Any, tokenizer: Any) -> GenerationConfig:
@@ -338,6 +345,20 @@ class Learner:
             input_ids=input_ids, attention_mask=attention, position_ids=position_ids, logits_to_keep=width + 1
         ).logits
         return logits[:, -(width + 1) : -1, :], comp, comp_mask
+
+    def forced_logits(self, samples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> ForcedLogits:
+        """:meth:`completion_logits_shared` with the model to itself (:meth:`inference`): the defenses' pass.
+        Its tensors are read, never written: a simulation's pool hands one result to every learner with these
+        weights that asks for the same pass."""
+        key: ForcedSamples = tuple((tuple(p), tuple(c)) for p, c in samples)
+        if self.batcher is not None:
+            return self.batcher.forced_logits(self, key)
+        return self.forced_logits_here(key)
+
+    def forced_logits_here(self, samples: ForcedSamples) -> ForcedLogits:
+        """:meth:`forced_logits` on this learner alone."""
+        with self.inference():
+            return self.completion_logits_shared(samples)
 
     @torch.no_grad()
     def completion_logits_shared(

@@ -134,10 +134,8 @@ async def run_step(
     arrive, as long as they are at most S rounds old. ``fill`` (``rollout.async_fill``): where peers delivered
     fewer completions than in a full recent step, the node generates the difference itself (:mod:`dgrpo.round.fill`)."""
     t0 = time.perf_counter()
-    inbox.open(round_idx)  # drops what is older than the window, counted as closed_round
-    own = await _timed(node.produce, round_idx, limiter=limiter, slowdown=slowdown)
-    for rollout in own:
-        await transport.publish(rollout)
+    # opening the round drops what is older than the window, counted as closed_round
+    own = await produce_phase(node, transport, inbox, round_idx, limiter, slowdown)
     received = inbox.drain(round_idx, node.rollout.async_rounds_per_peer)
     local: list[Admitted] = []
     if fill is not None:  # rollout.async_fill: a step short of its peers' completions fills up with our own

@@ -1,11 +1,15 @@
-"""A lock-step round for every node at once, phase by phase: the batched engine's round.
+"""A lock-step round for every node at once, phase by phase: the simulations' round.
 
 The daemon's round (:func:`dgrpo.round.run.run_round`) is three phases: produce (generate and publish),
 collect (wait for the peers' rollouts) and consume (admit, defend, score, update). Here each phase runs for
 all nodes together before the next starts, so that every node's torch work of a phase meets the others' in
 the :class:`~dgrpo.simulations.pool.LearnerPool`. A node waiting for the network never holds the pool up: it
 is in the pool only during a phase's worker call (an attacker's extra generation in the produce phase, for
-one, runs while the honest nodes have finished theirs, not while they wait for its rollouts).
+one, runs while the honest nodes have finished theirs, not while they wait for its rollouts). Without a pool
+(``engine.batched = false``) the same phases run the nodes' torch work one job at a time.
+
+Between produce and collect every node's inbox takes in what has been delivered (:func:`drained`), so a
+round's counts do not depend on the order the scheduler ran the nodes in.
 """
 
 from __future__ import annotations
@@ -100,11 +104,16 @@ def expected_peers(sim: SimNode) -> list[str]:
 
 
 async def phased_round(
-    nodes: Sequence[SimNode], round_idx: int, deadline_seconds: float, pool: LearnerPool | None
+    nodes: Sequence[SimNode],
+    round_idx: int,
+    deadline_seconds: float,
+    pool: LearnerPool | None,
+    limiter: trio.CapacityLimiter | None = None,
 ) -> list[RoundOutcome]:
-    """One round of every node, phase by phase (see the module docstring)."""
+    """One round of every node, phase by phase (see the module docstring). Without a pool, ``limiter`` (one
+    job at a time) runs the nodes' torch work one by one."""
     t0 = time.perf_counter()
-    limiter = trio.CapacityLimiter(max(len(nodes), 1))
+    limiter = limiter or trio.CapacityLimiter(max(len(nodes), 1))
     expected = [expected_peers(sim) for sim in nodes]
     own = await produce_all(nodes, round_idx, pool, limiter)
     collected = await collect_all(nodes, round_idx, expected, deadline_seconds)

@@ -8,6 +8,8 @@ round), then the pool runs the waiting calls:
 - **generation** of learners holding identical weights in one pass (:func:`dgrpo.learner.together.
   generate_together`: one decoding loop over all their rows, each request sampled from its own seed), since
   decoding a node's few rows is per-step overhead, not arithmetic;
+- the defenses' **teacher-forced passes** that are the same computation (identical weights, the same
+  completions) once, every learner asking getting the same read-only tensors;
 - **updates** that are the same computation (identical weights and optimizer state, the same batch, learning
   rate and settings; every honest node of a homogeneous all-gather round) once, the others copying the
   result: weights, gradients and optimizer state, bit for bit what their own step would have computed.
@@ -31,16 +33,25 @@ from typing import Any
 
 import torch
 
-from dgrpo.learner.learner import TORCH_LOCK, GenerateRequest, Learner, StepStats, TrainSample
+from dgrpo.learner.learner import (
+    TORCH_LOCK,
+    ForcedLogits,
+    ForcedSamples,
+    GenerateRequest,
+    Learner,
+    StepStats,
+    TrainSample,
+)
 from dgrpo.learner.together import fits_one_pass, generate_together, together_key
 
 
 @dataclass
 class _Call:
     learner: Learner
-    kind: str  # "generate" or "train"
+    kind: str  # "generate", "logits" or "train"
     request: GenerateRequest | None = None
     train: tuple[Sequence[TrainSample], float, int] | None = None
+    forced: ForcedSamples | None = None
     done: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -52,6 +63,8 @@ class PoolStats:
 
     generate_calls: int = 0
     generate_passes: int = 0  # one per group decoded together or call run alone
+    logits_calls: int = 0
+    logits_passes: int = 0  # the defenses' teacher-forced passes computed; the rest shared one
     train_calls: int = 0
     train_steps: int = 0  # updates computed; the rest were copies
     flushes: int = 0
@@ -60,6 +73,8 @@ class PoolStats:
         return {
             "generate_calls": self.generate_calls,
             "generate_passes": self.generate_passes,
+            "logits_calls": self.logits_calls,
+            "logits_passes": self.logits_passes,
             "train_calls": self.train_calls,
             "train_steps": self.train_steps,
             "flushes": self.flushes,
@@ -102,6 +117,10 @@ class LearnerPool:
         result: StepStats = self._submit(_Call(learner, "train", train=(samples, temperature, max_new_tokens)))
         return result
 
+    def forced_logits(self, learner: Learner, samples: ForcedSamples) -> ForcedLogits:
+        result: ForcedLogits = self._submit(_Call(learner, "logits", forced=samples))
+        return result
+
     def _submit(self, call: _Call) -> Any:
         with self._cv:
             if id(call.learner) not in self._in_round:
@@ -140,10 +159,8 @@ class LearnerPool:
     # ------------------------------------------------------------------ running a batch of calls
     def _run(self, batch: list[_Call]) -> None:
         self.stats.flushes += 1
-        gen = [c for c in batch if c.kind == "generate"]
-        train = [c for c in batch if c.kind == "train"]
-        self._guard(self._generate, gen)
-        self._guard(self._train, train)
+        for kind, run in (("generate", self._generate), ("logits", self._logits), ("train", self._train)):
+            self._guard(run, [c for c in batch if c.kind == kind])
 
     @staticmethod
     def _guard(fn: Callable[[list[_Call]], None], calls: list[_Call]) -> None:
@@ -180,6 +197,20 @@ class LearnerPool:
             assert c.request is not None
             self.stats.generate_passes += 1
             c.result, c.done = c.learner.generate_here(c.request), True
+
+    def _logits(self, calls: list[_Call]) -> None:
+        """The defenses' teacher-forced passes: one per distinct (weights, samples); every learner asking for
+        the same pass with the same weights gets the same (read-only) tensors."""
+        self.stats.logits_calls += len(calls)
+        groups: dict[tuple[bytes, ForcedSamples], list[_Call]] = defaultdict(list)
+        for c in calls:
+            assert c.forced is not None
+            groups[(self.state_key(c.learner), c.forced)].append(c)
+        for (_, samples), group in groups.items():
+            self.stats.logits_passes += 1
+            result = group[0].learner.forced_logits_here(samples)
+            for c in group:
+                c.result, c.done = result, True
 
     def _train(self, calls: list[_Call]) -> None:
         self.stats.train_calls += len(calls)

@@ -1,6 +1,7 @@
 """Run a scenario: N nodes in one process, joined by the in-memory network over the real wire format (signed
-envelopes, each receiver's validator and replay window), each running :func:`dgrpo.round.run.run_round` (the
-daemon's round) every round; the outcomes go to the same observer interface as a daemon's.
+envelopes, each receiver's validator and replay window), each running the daemon's round
+(:func:`dgrpo.round.run.run_round`'s three phases, each for every node at once: :mod:`dgrpo.simulations.phased`)
+every round; the outcomes go to the same observer interface as a daemon's. Engines: ``docs/simulations.md``.
 
 Outputs ``metrics.jsonl`` (one row per round), ``summary.json`` and ``curves.png`` in the output folder.
 """
@@ -19,12 +20,11 @@ import trio
 
 from dgrpo.round.observer import RoundObserver, notify
 from dgrpo.round.outcome import RoundOutcome
-from dgrpo.round.run import run_round
 from dgrpo.simulations.defense_metrics import DefenseMeter
 from dgrpo.simulations.evaluation import EvalPoint, Evaluator
 from dgrpo.simulations.federated import run_federated
 from dgrpo.simulations.nodes import attack_stats, build_evaluator, build_nodes, wire_stats
-from dgrpo.simulations.phased import expected_peers, phased_round
+from dgrpo.simulations.phased import phased_round
 from dgrpo.simulations.plots import plot_asr, plot_curves
 from dgrpo.simulations.pool import LearnerPool
 from dgrpo.simulations.scenario import Scenario
@@ -125,30 +125,13 @@ async def _simulate(
         for sim in nodes:
             pumps.start_soon(sim.inbox.pump, sim.transport.inbound())
         for round_idx in range(1, scenario.rounds + 1):
-            if pool is not None:  # the batched engine: each phase for every node at once
-                done = await phased_round(nodes, round_idx, scenario.round.deadline_seconds, pool)
-            else:
-                done = await _one_by_one(scenario, nodes, round_idx, limiter)
+            # the daemon's round (run_round), phase by phase for every node at once; without a pool, the
+            # nodes' torch work one job at a time
+            done = await phased_round(
+                nodes, round_idx, scenario.round.deadline_seconds, pool, None if pool is not None else limiter
+            )
             await trio.to_thread.run_sync(notify, observers, round_idx, done, limiter=limiter)
         pumps.cancel_scope.cancel()
-
-
-async def _one_by_one(
-    scenario: Scenario, nodes: list[SimNode], round_idx: int, limiter: trio.CapacityLimiter
-) -> list[RoundOutcome]:
-    """Every node's round (the daemon's :func:`run_round`), their torch work one job at a time."""
-    outcomes: list[RoundOutcome | None] = [None] * len(nodes)
-
-    async def one(i: int, sim: SimNode) -> None:
-        outcomes[i] = await run_round(
-            sim.node, sim.transport, sim.inbox, round_idx, expected_peers(sim), scenario.round.deadline_seconds,
-            limiter,
-        )  # fmt: skip
-
-    async with trio.open_nursery() as nursery:
-        for i, sim in enumerate(nodes):
-            nursery.start_soon(one, i, sim)
-    return [o for o in outcomes if o is not None]
 
 
 class InProcessEngine:
