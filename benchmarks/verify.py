@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
@@ -39,6 +40,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "logit": ("logit", {}),
     "sampling-proof": ("sampling-proof", {}),
     "s-p replay only": ("sampling-proof", {"retokenise_passes": 0}),
+    "s-p strings only": ("sampling-proof", {}),  # the completions without their tokens (a peer sending none)
 }
 
 
@@ -67,7 +69,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
-    proofs: list[tuple[str, float, float, int, int]] = []  # (model, forward s, proof s, re-tokenised, replayed)
+    # (model, forward s, proof s, proof s without tokens, re-tokenised, replayed)
+    proofs: list[tuple[str, float, float, float, int, int]] = []
     devices: set[str] = set()
     for model in args.models:
         per_prompt = 4
@@ -86,35 +89,41 @@ def main() -> None:
         tokens = 0
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            outs = author.generate(texts, per_prompt, sp, seeds=seeds)
+            sampled = author.sample(texts, per_prompt, sp, seeds=seeds)
             gen_seeded.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             author.generate(texts, per_prompt, sp)
             gen_multi.append(time.perf_counter() - t0)
             prompts = [Prompt(pid, text, "") for pid, text in zip(ids, texts, strict=True)]
-            cands = [Candidate("author", p, c, j, sp, model) for p, cs in zip(prompts, outs, strict=True)
-                     for j, c in enumerate(cs)]  # fmt: skip
+            # as a run's rollouts carry them: each completion's text and the tokens it was sampled as
+            cands = [Candidate("author", p, c, j, sp, model, tokens=t) for p, cs in zip(prompts, sampled, strict=True)
+                     for j, (c, t) in enumerate(cs)]  # fmt: skip
+            strings = [replace(c, tokens=None) for c in cands]
             tokens = sum(len(verifier.encode_completion(c.text, args.max_new)) for c in cands)
             ctx = DefenseContext(task, verifier, sp, "bench", 1, model)
             t0 = time.perf_counter()  # the plain pass: the proof's micro-batches, logits to the CPU, no check
             items = [(c.prompt.text, c.text) for c in cands]
-            for _batch in teacher_force(verifier, items, args.max_new, SamplingProofOptions().micro_batch):
+            claimed = [c.tokens for c in cands]  # the tokens the proof checks
+            for _batch in teacher_force(verifier, items, args.max_new, SamplingProofOptions().micro_batch, 0, claimed):
                 pass
             forward.append(time.perf_counter() - t0)
             for name, (defense, options) in VARIANTS.items():
                 chain = DefenseChain.from_config(DefenseConfig(chain=[defense], options={defense: options}))
                 t0 = time.perf_counter()
-                verdicts = chain.run(ctx, cands).verdicts
+                verdicts = chain.run(ctx, strings if name == "s-p strings only" else cands).verdicts
                 check[name].append(time.perf_counter() - t0)
                 false_pos[name] = sum(not v.accept for v in verdicts)
                 checker = chain.defenses[0]
-                if name == "sampling-proof" and isinstance(checker, SamplingProofDefense):
+                if name == "s-p strings only" and isinstance(checker, SamplingProofDefense):
                     beyond = (checker.retokenised_ok, checker.replayed_ok)
         g_seeded, g_multi = statistics.median(gen_seeded), statistics.median(gen_multi)
         for name, times in check.items():
             v = statistics.median(times)
             rows.append((model, name, args.completions, tokens, v, g_seeded, g_multi, false_pos[name]))
-        proofs.append((model, statistics.median(forward), statistics.median(check["sampling-proof"]), *beyond))
+        proofs.append(
+            (model, statistics.median(forward), statistics.median(check["sampling-proof"]),
+             statistics.median(check["s-p strings only"]), *beyond)
+        )  # fmt: skip
     print(f"device: {devices}, torch threads: {torch.get_num_threads()}")
     print(f"{'model':32} {'defense':15} {'compl':>5} {'tokens':>6} {'verify s':>9} {'gen s (seeded)':>14} "
           f"{'gen s (multi)':>13} {'ratio seeded':>12} {'ratio multi':>11} {'us/tok verify':>13} "
@@ -128,10 +137,13 @@ def main() -> None:
     # about the same per token and the ratio cannot approach 0.05 there).
     print("us/tok: seconds per completion token (verify: the whole check; gen: transformers' multinomial sampling)")
     print()
-    print(f"{'model':32} {'forward s':>9} {'proof s':>9} {'proof / forward':>15} {'re-tokenised':>12} {'replayed':>8}"
-          "  (issue 27 target: <= 1.10; the last two: completions that needed more than the one pass)")  # fmt: skip
-    for model, fwd, proof, retok, replayed in proofs:
-        print(f"{model:32} {fwd:9.3f} {proof:9.3f} {proof / fwd:15.3f} {retok:12d} {replayed:8d}")
+    print(f"{'model':32} {'forward s':>9} {'proof s':>9} {'proof / forward':>15} {'strings only s':>14} "
+          f"{'/ forward':>9} {'re-tokenised':>12} {'replayed':>8}")  # fmt: skip
+    print("(issue 27 target: proof / forward <= 1.10. Strings only: the same completions without their tokens, as")
+    print(" from a peer that sends none; its last two columns: completions that needed more than the one pass)")
+    for model, fwd, proof, strings, retok, replayed in proofs:
+        print(f"{model:32} {fwd:9.3f} {proof:9.3f} {proof / fwd:15.3f} {strings:14.3f} {strings / fwd:9.3f} "
+              f"{retok:12d} {replayed:8d}")  # fmt: skip
 
 
 if __name__ == "__main__":

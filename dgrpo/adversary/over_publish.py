@@ -44,6 +44,7 @@ class OverPublishAttack(ExchangeAttack):
                     update={
                         "completions": (*r.completions, *extra),
                         "indices": (*r.indices, *extra_indices),
+                        "tokens": (),  # its extra draws travel as strings only
                     }
                 )
             )

@@ -39,7 +39,7 @@ class RepeatPartAttack(ExchangeAttack):
         texts = (best,) * len(r.completions)
         self.record_poison(r.prompt_id, [best] * self.options.copies * len(texts))
         return [
-            r.model_copy(update={"part": part + k, "parts": parts, "completions": texts})
+            r.model_copy(update={"part": part + k, "parts": parts, "completions": texts, "tokens": ()})
             for k in range(self.options.copies)
         ]
 

@@ -51,5 +51,5 @@ class SelectAttack(ExchangeAttack):
                 texts = tuple(c if j in kept else best for j, c in enumerate(r.completions))
                 indices = r.indices
             self.record_poison(r.prompt_id, texts)
-            out.append(r.model_copy(update={"completions": texts, "indices": indices}))
+            out.append(r.model_copy(update={"completions": texts, "indices": indices, "tokens": ()}))
         return out

@@ -36,6 +36,7 @@ class Candidate:
     sampling: SamplingParams  # as claimed by the author
     model_id: str
     weights: str = ""  # SHA-256 of the weights the author announces having sampled with ("" if none)
+    tokens: tuple[int, ...] | None = None  # the token ids the author says it sampled (None: not sent)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ class ForcedBatch:
     mask: torch.Tensor  # [B, T] bool
     logits: torch.Tensor  # [B, T, V] float32 on the CPU: the logits that predicted each token
     overflow: list[bool]  # the text re-encodes to more than max_new_tokens tokens: the rest goes unchecked
+    claimed: list[bool]  # the row holds the tokens its author sent (they spell its text), not a re-encoding
 
 
 def encode_checked(learner: Learner, text: str, max_new_tokens: int, slack: int) -> tuple[tuple[int, ...], bool]:
@@ -38,15 +39,26 @@ def encode_checked(learner: Learner, text: str, max_new_tokens: int, slack: int)
 
 
 def teacher_force(
-    learner: Learner, items: Sequence[tuple[str, str]], max_new_tokens: int, micro_batch: int = 16, slack: int = 0
+    learner: Learner,
+    items: Sequence[tuple[str, str]],
+    max_new_tokens: int,
+    micro_batch: int = 16,
+    slack: int = 0,
+    claimed: Sequence[tuple[int, ...] | None] | None = None,
 ) -> Iterator[ForcedBatch]:
-    """(prompt text, completion text) pairs -> batches of their tokens and logits, ``micro_batch`` at a time."""
+    """(prompt text, completion text) pairs -> batches of their tokens and logits, ``micro_batch`` at a time.
+    ``claimed``: per item, the tokens to check instead of the text's encoding (EOS appended when they stop
+    before ``max_new_tokens``), or None."""
     # A completion longer than max_new_tokens cannot come from the claimed sampling, and the learner would
     # train on its first max_new_tokens tokens only while the reward reads all of it (an answer appended
     # after honest-looking tokens): flagged for the defenses to reject. ``slack`` tolerates a few tokens more
     # (all of them checked) for defenses that do not check exact sampling: an honest string cut at
     # max_new_tokens can re-encode to a token or two more under BPE.
-    checked = [encode_checked(learner, c, max_new_tokens, slack) for _, c in items]
+    own = list(claimed) if claimed is not None else [None] * len(items)
+    checked = [
+        encode_checked(learner, c, max_new_tokens, slack) if t is None else _with_stop(learner, t, max_new_tokens)
+        for (_, c), t in zip(items, own, strict=True)
+    ]
     encoded = [(learner.encode_prompt(p), ids) for (p, _), (ids, _) in zip(items, checked, strict=True)]
     overflow = [over for _, over in checked]
     # Rows of one prompt go together: each micro-batch runs a prompt once and shares its KV cache among the
@@ -55,7 +67,15 @@ def teacher_force(
     for start in range(0, len(order), micro_batch):
         rows = order[start : start + micro_batch]
         logits, ids, mask = learner.forced_logits([encoded[i] for i in rows])
-        yield ForcedBatch(rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu(), [overflow[i] for i in rows])
+        yield ForcedBatch(
+            rows, ids.cpu(), mask.cpu().bool(), logits.float().cpu(), [overflow[i] for i in rows],
+            [own[i] is not None for i in rows],
+        )  # fmt: skip
+
+
+def _with_stop(learner: Learner, tokens: tuple[int, ...], max_new_tokens: int) -> tuple[tuple[int, ...], bool]:
+    """Claimed tokens as checked: end-of-sequence appended when they stop before ``max_new_tokens``."""
+    return ((*tokens, learner.eos_ids[0]) if len(tokens) < max_new_tokens else tokens), False
 
 
 class ModelDefense(Defense):
@@ -79,11 +99,17 @@ class ModelDefense(Defense):
                 todo.append(i)
         items = [(candidates[i].prompt.text, candidates[i].text) for i in todo]
         slack = self.token_slack(run.max_new_tokens)
-        for batch in teacher_force(ctx.learner, items, run.max_new_tokens, self.options.micro_batch, slack):
+        claimed = [self.claimed_tokens(ctx.learner, candidates[i], run.max_new_tokens) for i in todo]
+        for batch in teacher_force(ctx.learner, items, run.max_new_tokens, self.options.micro_batch, slack, claimed):
             rows = [todo[r] for r in batch.rows]
             for i, verdict in zip(rows, self.check_batch(ctx, [candidates[i] for i in rows], batch), strict=True):
                 verdicts[i] = verdict
         return verdicts
+
+    def claimed_tokens(self, learner: Learner, candidate: Candidate, max_new_tokens: int) -> tuple[int, ...] | None:
+        """The tokens to check for ``candidate`` in place of its text's encoding (None: the encoding, the
+        default: a check of the tokens the learner will train on)."""
+        return None
 
     def token_slack(self, max_new_tokens: int) -> int:
         """Tokens past ``max_new_tokens`` checked rather than rejected as an overflow (none by default)."""

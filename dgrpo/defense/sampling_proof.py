@@ -9,6 +9,11 @@ and shared seeds would make its logit check exact; this is that check. Unlike th
 MATH (a "5" in the top-k is still not the token the noise selects) and DoS (the attacker's longest sample was
 drawn with some other seed, so its tokens diverge from the canonical draw).
 
+Sampled tokens: an honest author sends each completion's token ids beside its string (``Rollout.tokens``).
+Where they spell the string, exactly they are checked, in the one teacher-forced pass: the proof then costs that
+pass and the per-position check, nothing else (issue 27). Where none are sent, or they spell something else,
+the string is checked as below.
+
 Re-tokenisation: completions travel as strings, and the tokens an author sampled need not be the ones its
 string encodes to (BPE: two newline tokens re-encode as one double-newline token); an honest completion then
 fails the fast check from some position on. Where the sampler's own choice at the first failing position
@@ -324,6 +329,18 @@ class SamplingProofDefense(ModelDefense):
         self.replayed_ok = 0  # honest completions the fast check failed and the string-level replay accepted
         self.retokenised_ok = 0  # ... and the batched re-tokenisation accepted
 
+    def claimed_tokens(self, learner: Learner, candidate: Candidate, max_new_tokens: int) -> tuple[int, ...] | None:
+        """The author's tokens where they spell its text exactly as generation decodes them (no stop inside,
+        at most ``max_new_tokens``): then exactly these are checked, in the one teacher-forced pass. Otherwise
+        (none sent, or tokens that spell something else) the text is checked as if none had been sent."""
+        tokens = candidate.tokens
+        if tokens is None or len(tokens) > max_new_tokens or any(t in learner.eos_ids for t in tokens):
+            return None
+        if max(tokens, default=0) >= int(learner.model.get_input_embeddings().num_embeddings):
+            return None  # no such token
+        text, _ = learner.sampled(tokens)
+        return tokens if text == candidate.text else None
+
     def check_batch(self, ctx: DefenseContext, candidates: Sequence[Candidate], batch: ForcedBatch) -> list[Verdict]:
         assert ctx.learner is not None
         run = ctx.sampling
@@ -335,7 +352,10 @@ class SamplingProofDefense(ModelDefense):
         retok: list[int] = []  # rows whose first failing token looks like another tokenisation of the text
         for k, c in enumerate(candidates):
             length = int(batch.mask[k].sum())
-            if bad[k] == 0 and batch.overflow[k]:
+            if batch.claimed[k]:
+                # The author's own tokens, which spell its text: they are the sampler's or they are not.
+                verdicts[k] = ACCEPT if bad[k] == 0 else self.reject("diverged", bad[k] / max(length, 1))
+            elif bad[k] == 0 and batch.overflow[k]:
                 # Every checked token is the sampler's, so the author stopped at max_new_tokens: the text
                 # after them was not sampled.
                 verdicts[k] = self.reject("overflow", 1.0)

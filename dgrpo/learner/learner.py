@@ -99,6 +99,8 @@ class GenerateRequest:
         return len(self.prompts) * self.n
 
 
+# A sampled completion: its text and the token ids it was sampled as, up to its end-of-sequence.
+Sampled = tuple[str, tuple[int, ...]]
 # (prompt ids, completion ids) pairs, and their teacher-forced (logits [B, T, V], ids [B, T], mask [B, T])
 ForcedSamples = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
 ForcedLogits = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -108,7 +110,7 @@ class Batcher(Protocol):
     """Where a simulation runs several learners' generation and updates together (the batched engine,
     :mod:`dgrpo.simulations.pool`); a learner with one hands it its calls, with the same results."""
 
-    def generate(self, learner: Learner, request: GenerateRequest) -> list[list[str]]: ...
+    def generate(self, learner: Learner, request: GenerateRequest) -> list[list[Sampled]]: ...
 
     def train_step(
         self, learner: Learner, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int
@@ -206,14 +208,14 @@ class Learner:
         other text than the reward reads (``non_canonical``, ``docs/protocol.md``)."""
         return _canonical(self._tok, text)
 
-    def decode_completion(self, ids: Sequence[int]) -> str:
-        """A generated completion's text: its tokens up to the first end-of-sequence."""
-        out: list[int] = []
+    def sampled(self, ids: Sequence[int]) -> Sampled:
+        """A generated row's (text, token ids up to its first end-of-sequence)."""
+        kept = []
         for i in ids:
             if i in self.eos_ids:
                 break
-            out.append(int(i))
-        return str(self.tokenizer.decode(out, skip_special_tokens=True))
+            kept.append(int(i))
+        return str(self.tokenizer.decode(kept, skip_special_tokens=True)), tuple(kept)
 
     @contextmanager
     def inference(self) -> Iterator[None]:
@@ -243,6 +245,18 @@ class Learner:
         (:mod:`dgrpo.learner.sampler`) from its own seed, so that a peer holding the same weights can check it;
         otherwise by transformers' multinomial sampling from ``sampling.seed``.
         """
+        return [[text for text, _ in per] for per in self.sample(prompts, n, sampling, greedy, batch_rows, seeds)]
+
+    def sample(
+        self,
+        prompts: Sequence[str],
+        n: int,
+        sampling: SamplingParams,
+        greedy: bool = False,
+        batch_rows: int = 64,
+        seeds: Sequence[Sequence[int]] | None = None,
+    ) -> list[list[Sampled]]:
+        """:meth:`generate`, each completion with the token ids it was sampled as (up to its end-of-sequence)."""
         if seeds is not None and (len(seeds) != len(prompts) or any(len(s) != n for s in seeds)):
             raise ValueError("seeds: expected n seeds for each prompt")
         request = GenerateRequest(
@@ -266,14 +280,14 @@ class Learner:
         )
 
     @torch.no_grad()
-    def generate_here(self, request: GenerateRequest) -> list[list[str]]:
+    def generate_here(self, request: GenerateRequest) -> list[list[Sampled]]:
         """:meth:`generate` on this learner alone."""
         sampling, greedy, seeds = request.sampling, request.greedy, request.seeds
         encoded = [self.encode_prompt(p) for p in request.prompts]
         rows = [
             (i, ids, seeds[i][j] if seeds is not None else 0) for i, ids in enumerate(encoded) for j in range(request.n)
         ]
-        out: list[list[str]] = [[] for _ in request.prompts]
+        out: list[list[Sampled]] = [[] for _ in request.prompts]
         gen_cfg = self.generation_config(request)
         with self.inference():
             torch.manual_seed(sampling.seed)
@@ -300,7 +314,7 @@ class Learner:
                 )
                 new_tokens = generated[:, input_ids.shape[1] :].tolist()
                 for (prompt_index, _, _), ids in zip(chunk, new_tokens, strict=True):
-                    out[prompt_index].append(self.decode_completion(ids))
+                    out[prompt_index].append(self.sampled(ids))
         return out
 
     def _right_pad(self, seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:

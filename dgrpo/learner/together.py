@@ -17,7 +17,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from dgrpo.learner.learner import GenerateRequest, Learner
+from dgrpo.learner.learner import GenerateRequest, Learner, Sampled
 from dgrpo.learner.sampler import SeededGumbelProcessor
 
 
@@ -76,7 +76,7 @@ class BlockSampler:
 
 
 @torch.no_grad()
-def generate_together(learner: Learner, requests: Sequence[GenerateRequest]) -> list[list[list[str]]]:
+def generate_together(learner: Learner, requests: Sequence[GenerateRequest]) -> list[list[list[Sampled]]]:
     """What ``learner.generate_here(r)`` returns for each of ``requests``, from one ``generate`` call on
     ``learner``'s model (every request is made for a learner with these weights and this tokenizer). Each
     request must :func:`fit one pass <fits_one_pass>` and share :func:`together_key`."""
@@ -116,7 +116,7 @@ def generate_together(learner: Learner, requests: Sequence[GenerateRequest]) -> 
             logits_processor=LogitsProcessorList([BlockSampler(blocks)]),
         )
     new_tokens = generated[:, width:].tolist()
-    out: list[list[list[str]]] = [[[] for _ in r.prompts] for r in requests]
+    out: list[list[list[Sampled]]] = [[[] for _ in r.prompts] for r in requests]
     for (k, i, _), ids in zip(rows, new_tokens, strict=True):
-        out[k][i].append(learner.decode_completion(ids))
+        out[k][i].append(learner.sampled(ids))
     return out

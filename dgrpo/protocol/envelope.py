@@ -12,12 +12,22 @@ import functools
 import hashlib
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from dgrpo.errors import DgrpoError
 from dgrpo.protocol.identity import PUBLIC_KEY_BYTES, SIGNATURE_BYTES, Identity, peer_id_from_public_bytes
@@ -66,6 +76,10 @@ class RolloutBody(WireModel):
     weights: Annotated[str, Field(pattern=WEIGHTS_PATTERN)]
     sampling: WireSamplingParams
     split: SplitMode
+    # Optional (docs/protocol.md, "Sampled tokens"): absent from the encoding when empty, so a rollout
+    # without them encodes, signs and verifies exactly as before the field existed.
+    wire_optional: ClassVar[frozenset[str]] = frozenset({"tokens"})
+    tokens: tuple[tuple[Annotated[int, Field(ge=0, lt=2**32)], ...], ...] = ()
 
     @model_validator(mode="after")
     def _part_below_parts(self) -> RolloutBody:
@@ -73,7 +87,16 @@ class RolloutBody(WireModel):
             raise ValueError(f"part {self.part} must be below parts {self.parts}")
         if len(self.indices) != len(self.completions):
             raise ValueError(f"{len(self.indices)} indices for {len(self.completions)} completions")
+        if self.tokens and len(self.tokens) != len(self.completions):
+            raise ValueError(f"{len(self.tokens)} token lists for {len(self.completions)} completions")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_tokens(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("tokens"):
+            data.pop("tokens", None)
+        return data
 
 
 class HeartbeatBody(WireModel):
@@ -158,8 +181,15 @@ class Envelope(UnsignedEnvelope):
 def _canonical_value(value: Any) -> Any:
     # Models and tuples become arrays in field order; str, bytes, int and float stay (msgpack packs
     # Python floats as float 64 and ints in their shortest form, which makes the encoding unique).
+    # A field added to the protocol later (``wire_optional``, last in its model) is left out while empty, so
+    # that a message without it signs exactly as before it existed.
     if isinstance(value, BaseModel):
-        return [_canonical_value(getattr(value, name)) for name in type(value).model_fields]
+        optional = getattr(type(value), "wire_optional", frozenset())
+        return [
+            _canonical_value(getattr(value, name))
+            for name in type(value).model_fields
+            if name not in optional or getattr(value, name)
+        ]
     if isinstance(value, tuple):
         return [_canonical_value(v) for v in value]
     return value
@@ -275,6 +305,7 @@ def to_rollout(envelope: Envelope, naming: PeerNaming = peer_id_from_public_byte
         weights=body.weights,
         sampling=SamplingParams.model_validate(body.sampling.model_dump()),
         split=body.split,
+        tokens=body.tokens,
     )
 
 
@@ -337,6 +368,7 @@ class Signer:
             weights=rollout.weights,
             sampling=WireSamplingParams.model_validate(rollout.sampling.model_dump()),
             split=rollout.split,
+            tokens=rollout.tokens,
         )
         return self.sign("rollout", rollout.round, body)
 

@@ -47,6 +47,9 @@ class Rollout(StrictModel):
     ``indices`` names each completion's index within the author's share for the prompt (the seeded sampler
     derives its seed from it); ``weights`` is the SHA-256 of the weights the author sampled with, so that
     receivers route same-model checks only to authors holding their own weights (``docs/protocol.md``).
+    ``tokens`` (optional: empty, or one per completion) are the token ids each completion was sampled as, up
+    to its end-of-sequence: the sampling proof checks exactly these in one pass where they spell the string,
+    instead of searching for the author's tokenisation of it.
     """
 
     author: Annotated[str, Field(min_length=1, max_length=128)]
@@ -61,11 +64,14 @@ class Rollout(StrictModel):
     weights: Annotated[str, Field(pattern=WEIGHTS_PATTERN)]
     sampling: SamplingParams
     split: SplitMode
+    tokens: tuple[tuple[Annotated[int, Field(ge=0, lt=2**32)], ...], ...] = ()
 
     @model_validator(mode="after")
     def _one_index_per_completion(self) -> Rollout:
         if len(self.indices) != len(self.completions):
             raise ValueError(f"{len(self.indices)} indices for {len(self.completions)} completions")
+        if self.tokens and len(self.tokens) != len(self.completions):
+            raise ValueError(f"{len(self.tokens)} token lists for {len(self.completions)} completions")
         return self
 
     def subset(self, positions: Sequence[int]) -> Rollout:
@@ -76,6 +82,8 @@ class Rollout(StrictModel):
         fields = self.__dict__.copy()
         fields["completions"] = tuple([self.completions[p] for p in positions])
         fields["indices"] = tuple([self.indices[p] for p in positions])
+        if self.tokens:
+            fields["tokens"] = tuple([self.tokens[p] for p in positions])
         new = Rollout.__new__(Rollout)
         object.__setattr__(new, "__dict__", fields)
         object.__setattr__(new, "__pydantic_fields_set__", self.__pydantic_fields_set__)  # frozen: shared safely

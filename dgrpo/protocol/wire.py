@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 from pydantic import model_validator
@@ -16,14 +16,17 @@ class WireModel(StrictModel):
     pydantic's strict mode still accepts an int for a float field; on the wire that would be a msgpack int
     where the spec says float 64, a second encoding of the same value, so it is rejected here. Defaults (as
     :class:`~dgrpo.protocol.messages.SamplingParams` has) are for code, not for the wire: a message lists
-    every field.
+    every field, except those a model names in ``wire_optional`` (fields added to the protocol later, left out
+    of the encoding when empty so that older messages stay valid byte for byte).
     """
+
+    wire_optional: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
     def _complete_and_floats_are_floats(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            missing = [name for name in cls.model_fields if name not in data]
+            missing = [name for name in cls.model_fields if name not in data and name not in cls.wire_optional]
             if missing:
                 raise ValueError(f"missing field(s) {', '.join(missing)}")
             for name, info in cls.model_fields.items():

@@ -67,9 +67,18 @@ def defend(
     if chain is None:
         return undefended(admitted), None
     candidates = [
-        Candidate(a.rollout.author, a.prompt, text, index, a.rollout.sampling, a.rollout.model_id, a.rollout.weights)
+        Candidate(
+            a.rollout.author,
+            a.prompt,
+            text,
+            index,
+            a.rollout.sampling,
+            a.rollout.model_id,
+            a.rollout.weights,
+            a.rollout.tokens[j] if a.rollout.tokens else None,
+        )
         for a in admitted
-        for index, text in zip(a.rollout.indices, a.rollout.completions, strict=True)
+        for j, (index, text) in enumerate(zip(a.rollout.indices, a.rollout.completions, strict=True))
     ]
     result = chain.run(ctx, candidates)
     proofs = chain.proof_names()

@@ -85,10 +85,17 @@ def generate(
     params = round_sampling(sampling, run_id, peer_id, round_idx)
     n = rollout.completions_per_prompt
     seeds = completion_seeds(run_id, peer_id, round_idx, prompts, n) if rollout.sampler == "seeded" else None
-    texts = learner.generate([p.text for p in prompts], n, params, seeds=seeds)
+    sampled = learner.sample([p.text for p in prompts], n, params, seeds=seeds)
+    texts = [[text for text, _ in per] for per in sampled]
+    # With the seeded sampler, each completion's tokens go along (docs/protocol.md, "Sampled tokens"): the
+    # sampling proof then checks exactly those, in one teacher-forced pass.
+    tokens = [tuple(ids for _, ids in per) for per in sampled] if seeds is not None else [() for _ in prompts]
     ctx = attack_context(task, learner, rollout, run_id, peer_id, round_idx, params) if adversary else None
     if adversary is not None and ctx is not None:
-        texts = adversary.attack(ctx, prompts, texts)
+        attacked = adversary.attack(ctx, prompts, texts)
+        # tokens stay only with a prompt's completions the attack left as sampled
+        tokens = [t if a == o else () for t, a, o in zip(tokens, attacked, texts, strict=True)]
+        texts = attacked
     rollouts = [
         Rollout(
             author=peer_id,
@@ -103,8 +110,9 @@ def generate(
             weights=weights,
             sampling=params,
             split=rollout.split,
+            tokens=t,
         )
-        for i, (p, c) in enumerate(zip(prompts, texts, strict=True))
+        for i, (p, c, t) in enumerate(zip(prompts, texts, tokens, strict=True))
     ]
     if adversary is not None and ctx is not None:
         return adversary.publish(ctx, rollouts)

@@ -39,6 +39,7 @@ from dgrpo.learner.learner import (
     ForcedSamples,
     GenerateRequest,
     Learner,
+    Sampled,
     StepStats,
     TrainSample,
 )
@@ -107,8 +108,8 @@ class LearnerPool:
             self._in_round.discard(id(learner))
             self._cv.notify_all()
 
-    def generate(self, learner: Learner, request: GenerateRequest) -> list[list[str]]:
-        result: list[list[str]] = self._submit(_Call(learner, "generate", request=request))
+    def generate(self, learner: Learner, request: GenerateRequest) -> list[list[Sampled]]:
+        result: list[list[Sampled]] = self._submit(_Call(learner, "generate", request=request))
         return result
 
     def train_step(
