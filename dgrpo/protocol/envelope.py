@@ -184,7 +184,7 @@ def _canonical_value(value: Any) -> Any:
     # A field added to the protocol later (``wire_optional``, last in its model) is left out while empty, so
     # that a message without it signs exactly as before it existed.
     if isinstance(value, BaseModel):
-        optional = getattr(type(value), "wire_optional", frozenset())
+        optional: frozenset[str] = getattr(type(value), "wire_optional", frozenset())
         return [
             _canonical_value(getattr(value, name))
             for name in type(value).model_fields
