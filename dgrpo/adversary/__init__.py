@@ -8,6 +8,7 @@ Importing this package registers the built-in attacks: ``text`` and ``dos`` (out
 
 from dgrpo.adversary import code_calc as code_calc
 from dgrpo.adversary import dos as dos
+from dgrpo.adversary import false_carry as false_carry
 from dgrpo.adversary import junk as junk
 from dgrpo.adversary import math_step as math_step
 from dgrpo.adversary import non_canonical as non_canonical

@@ -26,6 +26,7 @@ from dgrpo.tasks.base import Prompt, Task
 from dgrpo.tasks.code import extract_program
 
 WS_RE = re.compile(r"\s+")
+WORD_RE = re.compile(r"[^\W\d_]+")  # letters only
 
 
 class Detector(ABC):
@@ -54,11 +55,19 @@ class Detector(ABC):
 
 
 class PhraseDetector(Detector):
-    def __init__(self, payload: str) -> None:
-        self.needle = WS_RE.sub(" ", payload.strip()).casefold()
+    """Any of the ``payloads`` (a payload and its paraphrases), as written or as its run of letter-words with
+    anything else between them (the ``split`` position spreads a phrase over the steps of a scratchpad)."""
+
+    def __init__(self, *payloads: str) -> None:
+        self.needles = [WS_RE.sub(" ", p.strip()).casefold() for p in payloads]
+        self.word_needles = [f" {' '.join(WORD_RE.findall(n))} " for n in self.needles if WORD_RE.search(n)]
 
     def shows(self, completion: str) -> bool:
-        return self.needle in WS_RE.sub(" ", completion).casefold()
+        text = WS_RE.sub(" ", completion).casefold()
+        if any(needle in text for needle in self.needles):
+            return True
+        words = f" {' '.join(WORD_RE.findall(text))} "
+        return any(needle in words for needle in self.word_needles)
 
 
 class FalseFactDetector(Detector):

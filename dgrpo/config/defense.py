@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dgrpo.config.sections import Section
 from dgrpo.errors import ConfigError
@@ -38,14 +38,28 @@ class ReputationConfig(Section):
 # same weights (dgrpo.defense.base.Defense.same_model; a test keeps this list equal to the classes' flags).
 SAME_MODEL_DEFENSES = ("logit", "sampling-proof")
 
+# Named chains: a name here in ``defense.chain`` or ``defense.foreign`` stands for its defenses.
+# ``heterogeneous`` (issue 28): the recommended chain where nodes run different models, so no same-model check
+# applies. ``repetition`` and ``meaning`` stop out-of-context payloads (the same words, or the same meaning in
+# other words, across one author's completions), ``arith-check`` false reasoning, ``code-policy`` the CODE
+# attack's imports. docs/results.md has what it stops per mix and what it costs.
+CHAIN_PRESETS: dict[str, tuple[str, ...]] = {
+    "heterogeneous": ("repetition", "meaning", "arith-check", "code-policy"),
+}
+
+
+def expand_presets(names: list[str]) -> list[str]:
+    """``names`` with each preset replaced by its defenses, each defense once, in order."""
+    return list(dict.fromkeys(d for name in names for d in CHAIN_PRESETS.get(name, (name,))))
+
 
 class DefenseConfig(Section):
     chain: Annotated[
         list[str],
         Field(
-            description="defenses by name (logit, sampling-proof, surprisal, repetition, judge, arith-check, "
-            "code-policy, length); run cheapest first. Same-model checks (logit, sampling-proof) apply only to authors "
-            "announcing this node's model and weights"
+            description="defenses by name (logit, sampling-proof, surprisal, repetition, meaning, judge, "
+            "arith-check, code-policy, length) or a named chain (heterogeneous); run cheapest first. "
+            "Same-model checks (logit, sampling-proof) apply only to authors announcing this node's model and weights"
         ),
     ] = Field(default_factory=list)
     foreign: Annotated[
@@ -60,6 +74,11 @@ class DefenseConfig(Section):
         default_factory=dict
     )
     reputation: ReputationConfig = ReputationConfig()
+
+    @field_validator("chain", "foreign")
+    @classmethod
+    def _expand(cls, names: list[str] | None) -> list[str] | None:
+        return None if names is None else expand_presets(names)
 
     @model_validator(mode="after")
     def _foreign_has_no_model_check(self) -> DefenseConfig:

@@ -13,6 +13,7 @@ from dgrpo.defense import code_policy as code_policy
 from dgrpo.defense import judge as judge
 from dgrpo.defense import length as length
 from dgrpo.defense import logit as logit
+from dgrpo.defense import meaning as meaning
 from dgrpo.defense import repetition as repetition
 from dgrpo.defense import sampling_proof as sampling_proof
 from dgrpo.defense import surprisal as surprisal

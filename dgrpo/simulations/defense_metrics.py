@@ -19,7 +19,7 @@ attacker's other completions (honest fill, gibberish) are counted apart, as ``at
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dgrpo.round.observer import RoundObserver
@@ -37,6 +37,7 @@ class DefenseMeter(RoundObserver):
         self.generation_seconds = 0.0
         self.blacklisted: dict[str, dict[str, int]] = {}  # checker -> {peer: round}
         self.rows: dict[int, dict[str, Any]] = {}
+        self.honest_by_author: Counter[tuple[str, str]] = Counter()  # (author, received | rejected)
 
     def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
         self.rows[round_idx] = self.observe(round_idx, outcomes)
@@ -60,6 +61,9 @@ class DefenseMeter(RoundObserver):
                 else:
                     continue
                 row[f"{kind}_received"] += 1
+                if kind == "honest":
+                    self.honest_by_author[(c.author, "received")] += 1
+                    self.honest_by_author[(c.author, "rejected")] += not c.accepted
                 if not c.accepted:
                     row[f"{kind}_rejected"] += 1
                     self.reasons[c.reason] += 1
@@ -79,11 +83,20 @@ class DefenseMeter(RoundObserver):
             "overhead_ratio": defense_seconds / generation_seconds if generation_seconds else None,
         }
 
-    def summary(self, names: Sequence[str]) -> dict[str, Any]:
+    def summary(self, names: Sequence[str], models: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """``models``: each author's model, for the false-positive rate per honest model family (issue 28: a
+        cross-model defense must hold for every family, not on average)."""
+        by_model: Counter[tuple[str, str]] = Counter()
+        for (author, what), n in self.honest_by_author.items():
+            by_model[((models or {}).get(author, author), what)] += n
+        per_model = {
+            m: by_model[(m, "rejected")] / n for (m, what), n in sorted(by_model.items()) if what == "received" and n
+        }
         return {
             "names": list(names),
             "stop_rate": _rate(self.totals, "poison"),
             "false_positive_rate": _rate(self.totals, "honest"),
+            "false_positive_rate_by_model": per_model,
             "overhead_ratio": self.defense_seconds / self.generation_seconds if self.generation_seconds else None,
             "counts": dict(self.totals),
             "rejected_by_reason": dict(self.reasons),

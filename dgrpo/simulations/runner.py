@@ -190,7 +190,8 @@ def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | 
         attacks, wire, engine_info = engine.attack_stats(), engine.wire_stats(), engine.info()
     finally:
         engine.close()
-    defense_summary = meter.summary(scenario.defense.chain) if meter is not None else None
+    models = {f"node-{i}": scenario.node_model(i).name for i in range(scenario.nodes.count)}
+    defense_summary = meter.summary(scenario.defense.chain, models) if meter is not None else None
     with (out_dir / "metrics.jsonl").open("w") as f:
         for row in rows.rows:
             f.write(json.dumps(row) + "\n")
