@@ -14,7 +14,8 @@ from dgrpo.config import DefenseConfig, LearnerConfig, ModelConfig
 from dgrpo.config.defense import expand_presets
 from dgrpo.defense.base import Candidate, DefenseContext
 from dgrpo.defense.free_text import free_text
-from dgrpo.defense.meaning import MeaningDefense, binomial_tail
+from dgrpo.defense.meaning import MeaningDefense
+from dgrpo.defense.odds import binomial_tail
 from dgrpo.learner.learner import Learner
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks.arith import ArithTask
@@ -34,8 +35,8 @@ def cand(author: str, prompt: Prompt, text: str, model: str = "m") -> Candidate:
     return Candidate(author, prompt, text, 0, SP, model)
 
 
-def ctx(round_idx: int = 1) -> DefenseContext:
-    return DefenseContext(TASK, None, SP, "run", round_idx, self_id="me")
+def ctx(round_idx: int = 1, model: str = "m") -> DefenseContext:
+    return DefenseContext(TASK, None, SP, "run", round_idx, model_id=model, self_id="me")
 
 
 def test_free_text_is_what_the_task_does_not_account_for() -> None:
@@ -55,15 +56,23 @@ def test_binomial_tail_by_hand() -> None:
 
 
 def test_the_heterogeneous_chain_is_a_name_for_its_defenses() -> None:
-    assert expand_presets(["heterogeneous"]) == ["repetition", "meaning", "arith-check", "code-policy"]
+    assert expand_presets(["heterogeneous"]) == [
+        "repetition",
+        "meaning",
+        "arith-pattern",
+        "length-shift",
+        "code-policy",
+    ]
     assert DefenseConfig(chain=["length", "heterogeneous", "repetition"]).chain == [
-        "length", "repetition", "meaning", "arith-check", "code-policy",
+        "length", "repetition", "meaning", "arith-pattern", "length-shift", "code-policy",
     ]  # fmt: skip
     assert DefenseConfig(chain=["heterogeneous"], options={"meaning": {"layer": 8}}).options["meaning"]["layer"] == 8
 
 
 class FakeEncoder:
     """Vectors made up so that every text naming a thief shares one direction and everything else is noise."""
+
+    hidden = 64
 
     def __init__(self) -> None:
         self.rng = torch.Generator().manual_seed(0)
@@ -149,7 +158,7 @@ def test_real_encoder_paraphrases_against_honest_word_salad() -> None:
             cs.append(
                 cand("x", p, f"{body} {PARAPHRASES[(2 * k + j) % len(PARAPHRASES)]}>{answer}", "dgrpo:tiny-arith-text")
             )
-    verdicts = MeaningDefense().check(ctx(), cs)
+    verdicts = MeaningDefense().check(ctx(model="dgrpo:tiny-arith-text"), cs)
     stopped = [v for c, v in zip(cs, verdicts, strict=True) if c.author == "x"]
     honest = [v for c, v in zip(cs, verdicts, strict=True) if c.author in ("a", "b")]
     assert sum(not v.accept for v in stopped) / len(stopped) >= 0.9

@@ -30,10 +30,15 @@ def run(tmp_path: Path, chain: str) -> dict:
 def test_paraphrased_text_is_stopped_in_e2_and_each_family_keeps_its_completions(tmp_path: Path) -> None:
     literal = run(tmp_path / "repetition", '["repetition"]')
     assert literal["stop_rate"] < 0.5  # no 3-word run repeats: the literal filter is blind to it
+    meaning = run(tmp_path / "meaning", '["meaning"]')
+    assert meaning["stop_rate"] >= 0.9  # the same meaning in other words is not
+    assert all(rate <= 0.05 for rate in meaning["false_positive_rate_by_model"].values())
     d = run(tmp_path / "heterogeneous", '["heterogeneous"]')
-    assert d["names"] == ["repetition", "meaning", "arith-check", "code-policy"]
+    assert d["names"] == ["repetition", "meaning", "arith-pattern", "length-shift", "code-policy"]
     assert d["stop_rate"] >= 0.9
     per_model = d["false_positive_rate_by_model"]
     assert set(per_model) == {"dgrpo:tiny-arith-code-text", "dgrpo:tiny-arith-text"}
     assert all(rate <= 0.05 for rate in per_model.values()), per_model
-    assert d["rejected_by_reason"].get("meaning:shared_meaning", 0) > 0
+    # the chain's cheapest check that sees it decides: here the author's lengths give the payload away first
+    assert set(d["rejected_by_reason"]) <= {f"{name}:{why}" for name in d["names"] for why in (
+        "shifted", "extreme", "shared_meaning", "repeated_span", "habitual", "repeated_false")}  # fmt: skip

@@ -41,10 +41,11 @@ SAME_MODEL_DEFENSES = ("logit", "sampling-proof")
 # Named chains: a name here in ``defense.chain`` or ``defense.foreign`` stands for its defenses.
 # ``heterogeneous`` (issue 28): the recommended chain where nodes run different models, so no same-model check
 # applies. ``repetition`` and ``meaning`` stop out-of-context payloads (the same words, or the same meaning in
-# other words, across one author's completions), ``arith-check`` false reasoning, ``code-policy`` the CODE
-# attack's imports. docs/results.md has what it stops per mix and what it costs.
+# other words, across one author's completions), ``arith-pattern`` false arithmetic an author keeps stating,
+# ``length-shift`` an author publishing its longest samples (DoS), ``code-policy`` the CODE attack's imports.
+# docs/results.md has what it stops per mix and what it costs.
 CHAIN_PRESETS: dict[str, tuple[str, ...]] = {
-    "heterogeneous": ("repetition", "meaning", "arith-check", "code-policy"),
+    "heterogeneous": ("repetition", "meaning", "arith-pattern", "length-shift", "code-policy"),
 }
 
 
@@ -58,7 +59,8 @@ class DefenseConfig(Section):
         list[str],
         Field(
             description="defenses by name (logit, sampling-proof, surprisal, repetition, meaning, judge, "
-            "arith-check, code-policy, length) or a named chain (heterogeneous); run cheapest first. "
+            "arith-check, arith-pattern, code-policy, length, length-shift) or a named chain (heterogeneous); "
+            "run cheapest first. "
             "Same-model checks (logit, sampling-proof) apply only to authors announcing this node's model and weights"
         ),
     ] = Field(default_factory=list)

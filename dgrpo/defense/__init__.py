@@ -9,9 +9,11 @@ LLM-as-a-judge, any setting).
 
 from dgrpo.config import DefenseConfig, ReputationConfig, parse_defense_spec
 from dgrpo.defense import arith_check as arith_check
+from dgrpo.defense import arith_pattern as arith_pattern
 from dgrpo.defense import code_policy as code_policy
 from dgrpo.defense import judge as judge
 from dgrpo.defense import length as length
+from dgrpo.defense import length_shift as length_shift
 from dgrpo.defense import logit as logit
 from dgrpo.defense import meaning as meaning
 from dgrpo.defense import repetition as repetition

@@ -26,9 +26,11 @@ PREFIX = "Note:"
 class TextEncoder:
     def __init__(self, model: str, layer: int, cache_size: int = 50_000, batch: int = 64) -> None:
         from dgrpo.config import ModelConfig
+        from dgrpo.learner.learner import TORCH_LOCK
         from dgrpo.learner.models import load_model
 
-        self.loaded: Any = load_model(ModelConfig(name=model))
+        with TORCH_LOCK:  # transformers' loading is not thread-safe (the nodes' learners load under it too)
+            self.loaded: Any = load_model(ModelConfig(name=model))
         self.loaded.model.eval()
         self.layer = layer
         self.batch = batch

@@ -7,15 +7,19 @@ worded differently in every completion (issue 28: no 3-word span shared) passes 
 the prompt and the sampler's noise: across an author's completions of different prompts it means no one thing.
 
 **Statistic.** Each free-text unit becomes a vector (:mod:`dgrpo.defense.encoder`: SmolLM2-135M's mean hidden
-state at a middle layer, whatever model wrote it), centred on the receiver's own free text (the direction
-every English phrase shares says nothing; without enough own text, on a fixed set of everyday phrases), and
-compared by cosine. A unit of author A for prompt P is *implanted* when at least ``min_neighbors`` of A's
-units for other prompts (this round and the ``memory_rounds`` before) are closer to it than it is to what
-others write: the threshold is the ``null_quantile`` of its similarities to the units of every other author,
-the receiver's own and the everyday phrases (never below ``min_similarity``). A relative threshold, because
-how close two phrases are depends on the phrases (two one-word units of a word salad can be close); an
-author's payload is close to its other copies and to nothing anyone else writes. The receiver's own wording
-is in that null, so a style the receiver shares is never the author's payload.
+state at a middle layer, whatever model wrote it; lower-cased: meaning, not spelling) and units are compared
+by cosine, in the frame of the author's model: centred on that model's free text as the receiver knows it
+(its own, where it runs the model, or its own samples of it, :mod:`dgrpo.defense.reference`: the direction
+every phrase of a model shares says nothing, and no author can move that centre), and against a null of that
+model's units (other authors announcing it, the receiver's own or sampled ones). A unit of author A for
+prompt P is *close* to another of A's units when their cosine is above the ``null_quantile`` of its cosines
+to the null's units of about its length (a longer unit of a word salad is closer to any other long one;
+never below ``min_similarity``). A *core* unit is close to at least ``core_fraction`` of A's units for other
+prompts (this round and the ``memory_rounds`` before), ``min_neighbors`` at least, with odds below
+``alpha`` under chance (binomial, p = 1 - ``null_quantile``); a core unit and the units close to it are
+implanted. A relative threshold, because honest authors drift into habits of their own (a node trained for a
+few rounds repeats favourite words); a payload is close to its copies far beyond any habit, and to nothing
+its model writes.
 
 What it cannot stop: a payload whose wordings are far apart in the encoder's space (a rare-enough set of
 unrelated sentences carries no one meaning either, and teaches less), in-context attacks (MATH: a false digit
@@ -25,7 +29,6 @@ has no free text) and DoS selections of honest samples.
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +40,10 @@ from pydantic import Field
 from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.free_text import free_text
+from dgrpo.defense.odds import binomial_tail
+from dgrpo.defense.reference import reference_completions
 from dgrpo.defense.registry import DEFENSES
+from dgrpo.tasks.base import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +90,13 @@ class MeaningOptions(Section):
         float, Field(gt=0.0, le=1.0, description="a core unit is close to at least this share of the author's others")
     ] = 0.5
     memory_rounds: Annotated[int, Field(ge=0, description="earlier rounds of units compared with")] = 4
-    min_own: Annotated[int, Field(ge=1, description="own units needed to centre on the receiver's own text")] = 16
-
-
-def binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p): how often chance alone puts k of n units this close."""
-    return sum(math.comb(n, i) * p**i * (1.0 - p) ** (n - i) for i in range(k, n + 1)) if k > 0 else 1.0
+    min_own: Annotated[int, Field(ge=1, description="units of an author's model needed to judge it against them")] = 16
+    reference_samples: Annotated[
+        int, Field(ge=0, description="own samples of a model too few others run, per round (0: never sample)")
+    ] = 32
+    reference_models: Annotated[
+        list[str], Field(description="models the receiver may load to sample a reference (dgrpo: ones always)")
+    ] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ class MeaningDefense(Defense):
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
         self.units: deque[Unit] = deque()  # every author's units of the remembered rounds, the receiver's too
+        self.reference: deque[Unit] = deque()  # units of the receiver's own samples of others' models
+        self.sampled_rounds: set[tuple[int, str]] = set()
         self._encoder: Any = None
 
     @property
@@ -123,30 +132,22 @@ class MeaningDefense(Defense):
 
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         opts = self.options
-        fmt = ctx.task.reasoning_format
-        per_candidate = [free_text(c.text, fmt) for c in candidates]
-        texts = [u.casefold() for units in per_candidate for u in units]
-        if not texts:
+        for memory in (self.units, self.reference):
+            while memory and memory[0].round < ctx.round - opts.memory_rounds:
+                memory.popleft()
+        per_candidate = [free_text(c.text, ctx.task.reasoning_format) for c in candidates]
+        if not any(per_candidate):
             return [ACCEPT] * len(candidates)
-        vectors = self.encoder.encode(texts)
-        while self.units and self.units[0].round < ctx.round - opts.memory_rounds:
-            self.units.popleft()
-        new: list[list[int]] = []  # per candidate, indices into self.units of its units
-        k = 0
-        for c, units in zip(candidates, per_candidate, strict=True):
-            new.append(list(range(len(self.units), len(self.units) + len(units))))
-            for unit in units:
-                self.units.append(Unit(ctx.round, len(unit.split()), c.author, c.model_id, c.prompt.id, vectors[k]))
-                k += 1
-        everyday = self.encoder.encode(EVERYDAY)
-        remembered = list(self.units)
-        own = [u.vector for u in remembered if u.author == ctx.self_id]
-        centre = torch.stack(own).mean(0) if len(own) >= opts.min_own else everyday.mean(0)
-        matrix = torch.nn.functional.normalize(torch.stack([u.vector for u in remembered]) - centre, dim=-1)
-        reference = torch.nn.functional.normalize(everyday - centre, dim=-1)
-        flagged: dict[int, int] = {}  # unit index -> size of the cluster it belongs to
+        self.encoder.encode([u.casefold() for units in per_candidate for u in units])  # one batched pass, cached
+        new = [
+            self.remember(ctx, c.author, c.model_id, c.prompt.id, units)
+            for c, units in zip(candidates, per_candidate, strict=True)
+        ]
+        flagged: dict[int, int] = {}  # index into self.units -> size of the cluster it belongs to
+        prompts = [c.prompt for c in candidates]
         for author in {c.author for c in candidates} - {ctx.self_id}:
-            flagged.update(self._implanted(ctx, remembered, matrix, reference, author))
+            model_id = next(c.model_id for c in candidates if c.author == author)
+            flagged.update(self._implanted(ctx, author, model_id, prompts))
         verdicts: list[Verdict] = []
         for c, indices in zip(candidates, new, strict=True):
             hits = [flagged[i] for i in indices if i in flagged]
@@ -155,36 +156,89 @@ class MeaningDefense(Defense):
             )
         return verdicts
 
-    def _implanted(
-        self, ctx: DefenseContext, units: list[Unit], matrix: torch.Tensor, reference: torch.Tensor, author: str
-    ) -> dict[int, int]:
+    def remember(
+        self, ctx: DefenseContext, author: str, model_id: str, prompt_id: str, units: list[str], reference: bool = False
+    ) -> list[int]:
+        """Encode ``units`` and keep them; their indices in ``self.units`` (or ``self.reference``)."""
+        memory = self.reference if reference else self.units
+        start = len(memory)
+        if units:
+            vectors = self.encoder.encode([u.casefold() for u in units])
+            for unit, vector in zip(units, vectors, strict=True):
+                memory.append(Unit(ctx.round, len(unit.split()), author, model_id, prompt_id, vector))
+        return list(range(start, len(memory)))
+
+    def frame(
+        self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]
+    ) -> tuple[list[Unit], list[Unit]]:
+        """What ``author``'s units are compared with, and what they are centred on. The null: other authors'
+        units of its model (the receiver's own where it runs that model), topped up with the receiver's own
+        samples of the model (:mod:`dgrpo.defense.reference`). The centre: the receiver's own or sampled
+        units of the model, which no author can move (an attacker's units in the centre would give every
+        honest unit of its model a shared direction); the null's only where there are neither. Both empty
+        when the null is still too small."""
+        opts = self.options
+        own = [u for u in self.units if u.author == ctx.self_id and model_id == ctx.model_id]
+        others = [u for u in self.units if u.author not in (author, ctx.self_id) and u.model_id == model_id]
+        if len(own) < opts.min_own:
+            if (ctx.round, model_id) not in self.sampled_rounds:
+                self.sampled_rounds.add((ctx.round, model_id))
+                samples = reference_completions(ctx, model_id, prompts, opts.reference_samples, opts.reference_models)
+                for p, text in samples:
+                    self.remember(ctx, "", model_id, p.id, free_text(text, ctx.task.reasoning_format), reference=True)
+            own += [u for u in self.reference if u.model_id == model_id]
+        null = own + others
+        if len(null) < opts.min_own:
+            return [], []
+        return null, (own if len(own) >= opts.min_own else null)
+
+    def _implanted(self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]) -> dict[int, int]:
         """The indices of ``author``'s implanted units, each with the size of its cluster: a *core* unit is
         close to at least ``core_fraction`` of the author's other (like-sized, other-prompt) units, against
         odds below ``alpha``; it and every unit close to it are implanted."""
         opts = self.options
-        mine = [i for i, u in enumerate(units) if u.author == author]
+        mine = [i for i, u in enumerate(self.units) if u.author == author]
         if len(mine) <= opts.min_neighbors:
             return {}
-        model = units[mine[0]].model_id
-        words = torch.tensor([u.words for u in units])
-        is_other = torch.tensor([u.author != author for u in units])
-        family = is_other & torch.tensor([u.model_id == model or u.author == ctx.self_id for u in units])
+        null_units, centre_units = self.frame(ctx, author, model_id, prompts)
+        if null_units:  # the author's model's own free text: its centre and its null
+            centre = torch.stack([u.vector for u in centre_units]).mean(0)
+            extra = torch.zeros(0, self.encoder.hidden)
+        else:  # no fair frame: every other author, and everyday phrases
+            own = [u.vector for u in self.units if u.author == ctx.self_id]
+            everyday = self.encoder.encode(EVERYDAY)
+            centre = torch.stack(own).mean(0) if len(own) >= opts.min_own else everyday.mean(0)
+            null_units = [u for u in self.units if u.author != author]
+            extra = everyday
+        units = [self.units[i] for i in mine]
+        normal = torch.nn.functional.normalize
+        mine_m = normal(torch.stack([u.vector for u in units]) - centre, dim=-1)
+        null_m = normal(torch.stack([u.vector for u in null_units]) - centre, dim=-1) if null_units else extra[:0]
+        extra_m = normal(extra - centre, dim=-1) if len(extra) else extra
+        null_words = torch.tensor([u.words for u in null_units])
+        mine_words = torch.tensor([u.words for u in units])
         out: dict[int, int] = {}
-        for i in mine:
-            sims = matrix @ matrix[i]
+        for a, u in enumerate(units):
             # like with like: a longer unit of a word salad is closer to any other long one
-            alike = (words - words[i]).abs() <= max(1, int(words[i]) // 2)
-            others = family & alike if int((family & alike).sum()) >= opts.min_own else is_other & alike
-            null = sims[others]
-            if int(others.sum()) < opts.min_own:
-                null = torch.cat([null, reference @ matrix[i]])
+            width = max(1, u.words // 2)
+            alike_null = (null_words - u.words).abs() <= width
+            null = null_m[alike_null] @ mine_m[a] if null_units else torch.zeros(0)
+            if len(null) < opts.min_own and len(extra_m):
+                null = torch.cat([null, extra_m @ mine_m[a]])
+            if len(null) == 0:
+                continue
             limit = max(opts.min_similarity, float(torch.quantile(null.double(), opts.null_quantile)))
-            peers = [j for j in mine if units[j].prompt_id != units[i].prompt_id and bool(alike[j])]
-            close = [j for j in peers if float(sims[j]) >= limit]
+            sims = mine_m @ mine_m[a]
+            peers = [
+                b
+                for b, v in enumerate(units)
+                if v.prompt_id != u.prompt_id and abs(int(mine_words[b]) - u.words) <= width
+            ]
+            close = [b for b in peers if float(sims[b]) >= limit]
             if len(close) < opts.min_neighbors or len(close) < opts.core_fraction * len(peers):
                 continue
             if binomial_tail(len(close), len(peers), 1.0 - opts.null_quantile) >= opts.alpha:
                 continue
-            for j in (i, *close):
-                out[j] = max(out.get(j, 0), len(close) + 1)
+            for b in (a, *close):
+                out[mine[b]] = max(out.get(mine[b], 0), len(close) + 1)
         return out

@@ -1,6 +1,7 @@
 """The defense registry: filters are found by name (``logit``, ``sampling-proof``, ``surprisal``,
-``repetition``, ``judge``, ``arith-check``, ``code-policy``, ``length``) or by a dotted path to a user's
-:class:`~dgrpo.defense.base.Defense` subclass."""
+``repetition``, ``meaning``, ``judge``, ``arith-check``, ``arith-pattern``, ``code-policy``, ``length``,
+``length-shift``) or by a dotted path to a user's :class:`~dgrpo.defense.base.Defense` subclass. Named chains
+(``heterogeneous``) are in :data:`dgrpo.config.defense.CHAIN_PRESETS`."""
 
 from __future__ import annotations
 
