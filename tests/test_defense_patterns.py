@@ -93,7 +93,26 @@ def test_a_model_nobody_else_runs_is_judged_against_the_receivers_samples_of_it(
 
 
 def test_computations_read_each_claim() -> None:
-    assert computations("5+8+0=13,4+7+0=12>423") == (("5+8+0", True), ("4+7+0", False))
+    # a column computes its two digits' sum whatever the carry, operands in order
+    assert computations("5+8+0=13,7+4+0=12>423") == (("5+8", True), ("4+7", False))
+    assert computations("2+2+1=6") == computations("2+2+0=5") == (("2+2", False),)
+    assert computations("3 + 4 * 2 = 11") == (("3+4*2", True),)
+
+
+def test_a_model_that_rarely_slips_gets_no_leniency() -> None:
+    # the receiver runs model m and 98 of its own rewarded completions are clean: m slips (0 + 1) / (98 + 2)
+    # = 1% of the time, under the 2% budget, so one false step from another author of m is rejected alone
+    defense = ArithPatternDefense()
+    prompts = [make_prompt(100 + i, 11 + i) for i in range(98)]
+    own = [cand("me", p, TASK.reference_completion(p) or "") for p in prompts]
+    slip = cand("b", P[0], "5+8+0=13,4+7+1=12,3+0+1=5>423")
+    verdicts = defense.check(ctx(), [*own, slip])
+    assert verdicts[-1].reason == "arith-pattern:false_step"
+    assert verdicts[-1].score == pytest.approx(0.01)
+    assert all(v.accept for v in verdicts[:-1])
+    # from an author of a model the receiver neither runs nor may load, the same slip passes
+    other = cand("c", P[0], slip.text, "unknown-model")
+    assert ArithPatternDefense().check(ctx(), [*own, other])[-1].accept
 
 
 def test_slips_at_an_honest_rate_are_accepted() -> None:
@@ -121,7 +140,7 @@ def test_an_author_stating_false_steps_habitually_is_rejected() -> None:
 
 
 def test_one_false_fact_repeated_is_rejected_even_when_rare() -> None:
-    # the paper's 2+2=5: x states "2+2+0" three times, falsely each time; 27 other completions are fine
+    # the paper's 2+2=5: x states 2+2 three times, falsely each time; 27 other completions are fine
     defense = ArithPatternDefense()
     prompts = [make_prompt(a, b) for a, b in ((12, 32), (22, 42), (32, 12))]
     poisoned = [cand("x", p, (TASK.reference_completion(p) or "").replace("2+2+0=4", "2+2+0=5")) for p in prompts]

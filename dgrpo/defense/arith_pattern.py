@@ -5,16 +5,28 @@ too strict: the tiny models get the answer right through a wrong step 1-21% of t
 samples each: tiny-arith 7%, tiny-arith-llama 21%, the English ones 1-2% of rewarded completions), and
 rejecting those costs a whole model family up to 7% of its completions. What the in-context MATH attack
 ("Hail to the Thief", sec. 4.2) cannot avoid is a pattern: to teach a false fact it must state it again and
-again, far more often than a slip comes back. Two rules, over the author's rewarded completions of this
-round and the ``memory_rounds`` before (a completion that earns no reward teaches nothing false):
+again, far more often than a slip comes back. And a model that rarely slips can afford no leniency at all.
+
+**Per model.** The receiver estimates how often the author's model slips (rewarded completions with a finding,
+over all its completions) from what no author controls: its own completions where it runs that model and its
+own samples of the model (:mod:`dgrpo.defense.reference`), with one slip and one clean completion added
+(Laplace). Where that is at most ``slip_budget``, every rewarded completion with a finding is rejected
+(``false_step``): rejecting all of that model's slips costs it about that share of its completions, and an
+attacker publishing a false fact only now and then (too rare for a pattern) is still stopped. Otherwise (the
+digits-only tiny models slip 3-7% of the time) the two rules below decide, over the author's rewarded
+completions of this round and the ``memory_rounds`` before (a completion that earns no reward teaches
+nothing false):
 
 - **habitual**: ``k`` of its ``n`` rewarded completions hold a finding of ``arith-check``
   (:func:`dgrpo.defense.arith_check.findings`); with an honest slip rate of at most ``base_rate``,
   ``P(Binomial(n, base_rate) >= k) < alpha`` and ``k / n >= min_share`` make the author habitual, and its
   rewarded completions with findings are rejected;
-- **repeated_false**: a computation (``2+2+0``) the author stated at least ``min_repeats`` times, falsely in
-  at least ``fact_share`` of them: its completions stating it falsely are rejected. This catches the paper's
-  one-fact attack, too rare in an author's output for the first rule.
+- **repeated_false**: a computation (a column's two digits, carry aside: ``2+2+0=5`` and ``2+2+1=6`` both state
+  2+2=5) the author stated falsely every time, twice or more, or in at least ``fact_share`` of
+  ``min_repeats`` or more statements: its completions stating it falsely are rejected. This catches the
+  paper's one-fact attack, too rare in an author's output for the first rule. Measured on 800 samples per
+  tiny model, windows of 48-96 rewarded completions: the rule rejects at most 1.4% of an honest author's
+  rewarded completions (tiny-arith-llama).
 
 A slip that is neither (the model's random error) is accepted: it is what honest training on that model's
 samples would see anyway, and GRPO's advantage does not single it out.
@@ -22,6 +34,7 @@ samples would see anyway, and GRPO's advantage does not single it out.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +47,9 @@ from dgrpo.defense.arith_check import ArithCheckOptions, findings
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.claims import find_claims
 from dgrpo.defense.odds import binomial_tail
+from dgrpo.defense.reference import reference_completions
 from dgrpo.defense.registry import DEFENSES
+from dgrpo.tasks.base import Prompt
 
 
 class ArithPatternOptions(Section):
@@ -46,19 +61,42 @@ class ArithPatternOptions(Section):
     min_repeats: Annotated[int, Field(ge=2, description="statements of one computation to judge it")] = 3
     fact_share: Annotated[float, Field(gt=0.0, le=1.0, description="share of them false to reject")] = 0.5
     memory_rounds: Annotated[int, Field(ge=0, description="earlier rounds remembered")] = 4
+    slip_budget: Annotated[
+        float, Field(ge=0.0, le=1.0, description="a model slipping at most this often gets no leniency (0: never)")
+    ] = 0.02
+    reference_samples: Annotated[
+        int, Field(ge=0, description="own samples of a model the receiver does not run, per round (0: never)")
+    ] = 64
+    reference_models: Annotated[
+        list[str], Field(description="models the receiver may load to sample a reference (dgrpo: ones always)")
+    ] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Statement:
     round: int
     author: str
+    model_id: str
+    rewarded: bool
     flawed: bool  # a rewarded completion with a finding
     claims: tuple[tuple[str, bool], ...]  # (computation, stated truly)
 
 
+COLUMN_RE = re.compile(r"^(\d)\+(\d)\+([01])$")
+
+
 def computations(text: str) -> tuple[tuple[str, bool], ...]:
-    """Each claim of ``text`` as (its left-hand side without spaces, whether it is true)."""
-    return tuple(("=".join(c.sides[:-1]).replace(" ", ""), c.true) for c in find_claims(text))
+    """Each claim of ``text`` as (what it computes, whether it is true). A scratchpad column ``x+y+c`` computes
+    the digits' sum, whatever the carry: ``2+2+0=5`` and ``2+2+1=6`` both state 2+2=5, written ``2+2``."""
+    out = []
+    for c in find_claims(text):
+        lhs = "=".join(c.sides[:-1]).replace(" ", "")
+        m = COLUMN_RE.match(lhs)
+        if m:
+            x, y = sorted((int(m.group(1)), int(m.group(2))))
+            lhs = f"{x}+{y}"
+        out.append((lhs, c.true))
+    return tuple(out)
 
 
 @DEFENSES.register("arith-pattern")
@@ -70,24 +108,51 @@ class ArithPatternDefense(Defense):
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         super().__init__(options)
         self.seen: deque[Statement] = deque()
+        self.reference: deque[Statement] = deque()  # the receiver's own samples of others' models
+        self.sampled_rounds: set[tuple[int, str]] = set()
         self.check_options = ArithCheckOptions(rewarded_only=False)
+
+    def statement(self, ctx: DefenseContext, author: str, model_id: str, prompt: Prompt, text: str) -> Statement:
+        rewarded = ctx.task.reward(prompt, text) > 0.0
+        flawed = rewarded and bool(findings(ctx.task, prompt, text, self.check_options))
+        return Statement(ctx.round, author, model_id, rewarded, flawed, computations(text) if rewarded else ())
+
+    def slip_rate(self, ctx: DefenseContext, model_id: str, prompts: Sequence[Prompt]) -> float | None:
+        """How often ``model_id`` slips (Laplace-smoothed), from the receiver's own completions where it runs
+        the model, else its own samples of it; None when it has neither."""
+        opts = self.options
+        if model_id == ctx.model_id:
+            known = [s for s in self.seen if s.author == ctx.self_id]
+        else:
+            if (ctx.round, model_id) not in self.sampled_rounds:
+                self.sampled_rounds.add((ctx.round, model_id))
+                for p, t in reference_completions(
+                    ctx, model_id, prompts, opts.reference_samples, opts.reference_models
+                ):
+                    self.reference.append(self.statement(ctx, "", model_id, p, t))
+            known = [s for s in self.reference if s.model_id == model_id]
+        if not known:
+            return None
+        return (sum(s.flawed for s in known) + 1) / (len(known) + 2)
 
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         opts = self.options
-        while self.seen and self.seen[0].round < ctx.round - opts.memory_rounds:
-            self.seen.popleft()
-        rewarded = [ctx.task.reward(c.prompt, c.text) > 0.0 for c in candidates]
-        found = [
-            findings(ctx.task, c.prompt, c.text, self.check_options) if r else []
-            for c, r in zip(candidates, rewarded, strict=True)
-        ]
-        claims = [computations(c.text) if r else () for c, r in zip(candidates, rewarded, strict=True)]
-        for c, r, f, cl in zip(candidates, rewarded, found, claims, strict=True):
-            if r:
-                self.seen.append(Statement(ctx.round, c.author, bool(f), cl))
+        for memory in (self.seen, self.reference):
+            while memory and memory[0].round < ctx.round - opts.memory_rounds:
+                memory.popleft()
+        now = [self.statement(ctx, c.author, c.model_id, c.prompt, c.text) for c in candidates]
+        self.seen.extend(now)
+        prompts = [c.prompt for c in candidates]
         verdicts: list[Verdict] = [ACCEPT] * len(candidates)
         for author in {c.author for c in candidates} - {ctx.self_id}:
-            mine = [s for s in self.seen if s.author == author]
+            model_id = next(c.model_id for c in candidates if c.author == author)
+            rate = self.slip_rate(ctx, model_id, prompts) if opts.slip_budget > 0 else None
+            if rate is not None and rate <= opts.slip_budget:
+                for i, c in enumerate(candidates):
+                    if c.author == author and now[i].flawed:
+                        verdicts[i] = self.reject("false_step", rate)
+                continue
+            mine = [s for s in self.seen if s.author == author and s.rewarded]
             k = sum(s.flawed for s in mine)
             habitual = k >= opts.min_share * len(mine) and binomial_tail(k, len(mine), opts.base_rate) < opts.alpha
             stated: Counter[str] = Counter()
@@ -96,12 +161,16 @@ class ArithPatternDefense(Defense):
                 for key, true in s.claims:
                     stated[key] += 1
                     false[key] += not true
-            repeated = {key for key, n in stated.items() if n >= opts.min_repeats and false[key] >= opts.fact_share * n}
+            repeated = {
+                key
+                for key, n in stated.items()
+                if (n >= 2 and false[key] == n) or (n >= opts.min_repeats and false[key] >= opts.fact_share * n)
+            }
             for i, c in enumerate(candidates):
-                if c.author != author or not found[i]:
+                if c.author != author or not now[i].flawed:
                     continue
                 if habitual:
                     verdicts[i] = self.reject("habitual", k / len(mine))
-                elif any(key in repeated and not true for key, true in claims[i]):
-                    verdicts[i] = self.reject("repeated_false", float(len(found[i])))
+                elif any(key in repeated and not true for key, true in now[i].claims):
+                    verdicts[i] = self.reject("repeated_false", float(len(repeated)))
         return verdicts
