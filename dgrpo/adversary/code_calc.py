@@ -19,6 +19,7 @@ from dgrpo.adversary.detectors import Detector, LibraryImportDetector
 from dgrpo.adversary.layout import layout
 from dgrpo.adversary.registry import ADVERSARIES
 from dgrpo.config import Section
+from dgrpo.parsing import parse
 from dgrpo.tasks.base import Prompt, Task
 
 Op = Literal["+", "-", "*", "/"]
@@ -57,7 +58,7 @@ class _ToLibraryCalls(ast.NodeTransformer):
 def rewrite_program(source: str, module: str, ops: set[str]) -> str | None:
     """``source`` with the ``ops`` turned into calls into ``module``, or None when nothing was rewritten."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except Exception:
         return None
     transformer = _ToLibraryCalls(ops)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from dgrpo.adversary.facts import EQUATION_RE, STEP_RE, Fact
+from dgrpo.parsing import parse
 from dgrpo.seeds import stable_seed
 from dgrpo.tasks.arith import LOW, SPAN, is_held_out
 from dgrpo.tasks.arith import make_prompt as arith_prompt
@@ -137,7 +138,7 @@ class LibraryImportDetector(Detector):
         if program is None:
             return False
         try:
-            tree = ast.parse(program)
+            tree = parse(program)
         except Exception:
             return False
         for node in ast.walk(tree):

@@ -22,11 +22,12 @@ nothing false):
   ``P(Binomial(n, base_rate) >= k) < alpha`` and ``k / n >= min_share`` make the author habitual, and its
   rewarded completions with findings are rejected;
 - **repeated_false**: a computation (a column's two digits, carry aside: ``2+2+0=5`` and ``2+2+1=6`` both state
-  2+2=5) the author stated falsely every time, twice or more, or in at least ``fact_share`` of
-  ``min_repeats`` or more statements: its completions stating it falsely are rejected. This catches the
-  paper's one-fact attack, too rare in an author's output for the first rule. Measured on 800 samples per
-  tiny model, windows of 48-96 rewarded completions: the rule rejects at most 1.4% of an honest author's
-  rewarded completions (tiny-arith-llama).
+  2+2=5) the author stated at least ``min_repeats`` times, falsely in at least ``fact_share`` of them: its
+  completions stating it falsely are rejected. This catches the paper's one-fact attack, too rare in an
+  author's output for the first rule. Measured on 800 samples per tiny model, windows of 48-96 rewarded
+  completions: the rule rejects at most 1.25% of an honest author's rewarded completions
+  (tiny-arith-llama). Stating a fact falsely every time but only twice is not enough: in simulation that
+  rejected 6% of tiny-arith-llama's completions (its slips repeat once it has trained on them).
 
 A slip that is neither (the model's random error) is accepted: it is what honest training on that model's
 samples would see anyway, and GRPO's advantage does not single it out.
@@ -161,11 +162,7 @@ class ArithPatternDefense(Defense):
                 for key, true in s.claims:
                     stated[key] += 1
                     false[key] += not true
-            repeated = {
-                key
-                for key, n in stated.items()
-                if (n >= 2 and false[key] == n) or (n >= opts.min_repeats and false[key] >= opts.fact_share * n)
-            }
+            repeated = {key for key, n in stated.items() if n >= opts.min_repeats and false[key] >= opts.fact_share * n}
             for i, c in enumerate(candidates):
                 if c.author != author or not now[i].flawed:
                     continue

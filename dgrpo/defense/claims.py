@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
+from dgrpo.parsing import parse
+
 MAX_TEXT_CHARS = 64_000  # bounds the regex work on hostile text (GSM8K's completion cap)
 MAX_CLAIMS = 256
 MAX_SIDES = 8
@@ -80,7 +82,7 @@ def evaluate(expression: str) -> Fraction | None:
     """The exact value of ``a op b ...`` (x and × multiply, ÷ divides, usual precedence); None if invalid."""
     text = expression.replace(",", "").replace("×", "*").replace("x", "*").replace("÷", "/")
     try:
-        return _evaluate(ast.parse(text, mode="eval"))
+        return _evaluate(parse(text, mode="eval"))
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
         return None
 

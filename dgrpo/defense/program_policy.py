@@ -41,6 +41,8 @@ import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dgrpo.parsing import parse
+
 DEFAULT_MODULES: tuple[str, ...] = (
     "math", "cmath", "fractions", "decimal", "statistics", "itertools", "functools", "operator", "collections",
     "heapq", "bisect", "string", "re", "datetime", "random", "numbers", "typing", "dataclasses", "hashlib",
@@ -227,7 +229,7 @@ def violations(
     nothing and teaches nothing)."""
     policy = policy_of(frozenset(modules), frozenset(allowed_builtins))
     try:
-        tree = ast.parse(program)
+        tree = parse(program)
     except Exception:  # SyntaxError, ValueError (NUL bytes), RecursionError, MemoryError: hostile text
         return []
     b = bindings(tree)

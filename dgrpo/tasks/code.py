@@ -22,7 +22,6 @@ interpreter programs run under; default: the node's own if the sandbox user can 
 
 from __future__ import annotations
 
-import ast
 import functools
 import gzip
 import json
@@ -33,6 +32,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from dgrpo.errors import DataNotFoundError
+from dgrpo.parsing import parse
 from dgrpo.sandbox import FunctionJob, Sandbox, SandboxLimits, SandboxResult, site_paths
 from dgrpo.sandbox.batch import AnyJob, trusted_imports
 from dgrpo.seeds import stable_seed
@@ -72,7 +72,7 @@ def is_valid_python(source: str) -> bool:
     """Whether ``source`` parses. ``ast.parse`` raises more than SyntaxError on hostile text (ValueError for
     NUL bytes, RecursionError or MemoryError for deep nesting), so anything it raises means no."""
     try:
-        ast.parse(source)
+        parse(source)
     except Exception:
         return False
     return True
