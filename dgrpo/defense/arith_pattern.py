@@ -21,12 +21,10 @@ nothing false):
   (:func:`dgrpo.defense.arith_check.findings`); with an honest slip rate of at most ``base_rate``,
   ``P(Binomial(n, base_rate) >= k) < alpha`` and ``k / n >= min_share`` make the author habitual, and its
   rewarded completions with findings are rejected;
-- **repeated_false**: a computation (a column's two digits, carry aside: ``2+2+0=5`` and ``2+2+1=6`` both state
-  2+2=5) the author stated at least ``min_repeats`` times, falsely in at least ``fact_share`` of them: its
-  completions stating it falsely are rejected. This catches the paper's one-fact attack, too rare in an
-  author's output for the first rule. Measured on 800 samples per tiny model, windows of 48-96 rewarded
-  completions: the rule rejects at most 1.25% of an honest author's rewarded completions
-  (tiny-arith-llama). Stating a fact falsely every time but only twice is not enough: in simulation that
+- **repeated_false**: a computation (a column: its two digits and its carry) the author stated at least
+  ``min_repeats`` times, falsely in at least ``fact_share`` of them: its completions stating it falsely are
+  rejected. This catches the paper's one-fact attack, too rare in an author's output for the first rule.
+  Stating a fact falsely every time but only twice is not enough: in simulation that
   rejected 6% of tiny-arith-llama's completions (its slips repeat once it has trained on them).
 
 A slip that is neither (the model's random error) is accepted: it is what honest training on that model's
@@ -87,15 +85,17 @@ COLUMN_RE = re.compile(r"^(\d)\+(\d)\+([01])$")
 
 
 def computations(text: str) -> tuple[tuple[str, bool], ...]:
-    """Each claim of ``text`` as (what it computes, whether it is true). A scratchpad column ``x+y+c`` computes
-    the digits' sum, whatever the carry: ``2+2+0=5`` and ``2+2+1=6`` both state 2+2=5, written ``2+2``."""
+    """Each claim of ``text`` as (what it computes: its left-hand side without spaces, a column's two digits in
+    order, ``7+4+0`` read ``4+7+0``; whether it is true). The carry stays part of it: keyed by the digits alone,
+    a model's own habit of slipping on a carry column (tiny-arith-llama's ``9+4+1``) merges with the same
+    digits' carry-free column and reads as a false fact (A4 mix: 4.7% of its completions rejected)."""
     out = []
     for c in find_claims(text):
         lhs = "=".join(c.sides[:-1]).replace(" ", "")
         m = COLUMN_RE.match(lhs)
         if m:
             x, y = sorted((int(m.group(1)), int(m.group(2))))
-            lhs = f"{x}+{y}"
+            lhs = f"{x}+{y}+{m.group(3)}"
         out.append((lhs, c.true))
     return tuple(out)
 
