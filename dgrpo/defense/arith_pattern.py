@@ -41,17 +41,16 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from dgrpo.config import Section
 from dgrpo.defense.arith_check import ArithCheckOptions, findings
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.claims import find_claims
 from dgrpo.defense.odds import binomial_tail
-from dgrpo.defense.reference import reference_completions
+from dgrpo.defense.reference import PatternOptions, ReferenceDraws, forget
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.tasks.base import Prompt
 
 
-class ArithPatternOptions(Section):
+class ArithPatternOptions(PatternOptions):
     base_rate: Annotated[
         float, Field(gt=0.0, lt=1.0, description="honest slip rate allowed: rewarded completions with findings")
     ] = 0.25
@@ -59,16 +58,12 @@ class ArithPatternOptions(Section):
     min_share: Annotated[float, Field(gt=0.0, le=1.0, description="a habitual author's share of findings")] = 0.4
     min_repeats: Annotated[int, Field(ge=2, description="statements of one computation to judge it")] = 3
     fact_share: Annotated[float, Field(gt=0.0, le=1.0, description="share of them false to reject")] = 0.5
-    memory_rounds: Annotated[int, Field(ge=0, description="earlier rounds remembered")] = 4
     slip_budget: Annotated[
         float, Field(ge=0.0, le=1.0, description="a model slipping at most this often gets no leniency (0: never)")
     ] = 0.02
     reference_samples: Annotated[
         int, Field(ge=0, description="own samples of a model the receiver does not run, per round (0: never)")
-    ] = 64
-    reference_models: Annotated[
-        list[str], Field(description="models the receiver may load to sample a reference (dgrpo: ones always)")
-    ] = Field(default_factory=list)
+    ] = 64  # more than the shared default: a slip rate of 1-2% needs more samples to estimate
 
 
 @dataclass(frozen=True)
@@ -110,7 +105,7 @@ class ArithPatternDefense(Defense):
         super().__init__(options)
         self.seen: deque[Statement] = deque()
         self.reference: deque[Statement] = deque()  # the receiver's own samples of others' models
-        self.sampled_rounds: set[tuple[int, str]] = set()
+        self.draws = ReferenceDraws()
         self.check_options = ArithCheckOptions(rewarded_only=False)
 
     def statement(self, ctx: DefenseContext, author: str, model_id: str, prompt: Prompt, text: str) -> Statement:
@@ -125,12 +120,8 @@ class ArithPatternDefense(Defense):
         if model_id == ctx.model_id:
             known = [s for s in self.seen if s.author == ctx.self_id]
         else:
-            if (ctx.round, model_id) not in self.sampled_rounds:
-                self.sampled_rounds.add((ctx.round, model_id))
-                for p, t in reference_completions(
-                    ctx, model_id, prompts, opts.reference_samples, opts.reference_models
-                ):
-                    self.reference.append(self.statement(ctx, "", model_id, p, t))
+            for p, t in self.draws.new(ctx, model_id, prompts, opts):
+                self.reference.append(self.statement(ctx, "", model_id, p, t))
             known = [s for s in self.reference if s.model_id == model_id]
         if not known:
             return None
@@ -139,8 +130,7 @@ class ArithPatternDefense(Defense):
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         opts = self.options
         for memory in (self.seen, self.reference):
-            while memory and memory[0].round < ctx.round - opts.memory_rounds:
-                memory.popleft()
+            forget(memory, ctx.round, opts.memory_rounds)
         now = [self.statement(ctx, c.author, c.model_id, c.prompt, c.text) for c in candidates]
         self.seen.extend(now)
         prompts = [c.prompt for c in candidates]

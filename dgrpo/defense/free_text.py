@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 
+from dgrpo.defense.repetition import WORD_RE
 from dgrpo.tasks.arith import STEP_RE
 
-WORD_RE = re.compile(r"[^\W\d_]+")
 COMMENT_RE = re.compile(r"#(.*)$", re.MULTILINE)
 THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 SENTENCE_END_RE = re.compile(r"(?<=[.!?])[ \t]+|\n+")

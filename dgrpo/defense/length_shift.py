@@ -38,17 +38,16 @@ from typing import Annotated, Any
 import torch
 from pydantic import Field
 
-from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.odds import binomial_tail
-from dgrpo.defense.reference import reference_completions
+from dgrpo.defense.reference import PatternOptions, ReferenceDraws, forget
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.tasks.base import Prompt, Task
 
 STRUCTURE_TASKS = ("arith",)  # the reference completion is exactly the working the task requires
 
 
-class LengthShiftOptions(Section):
+class LengthShiftOptions(PatternOptions):
     upper_quantile: Annotated[float, Field(gt=0.0, lt=1.0, description="'long': above this quantile of the null")] = (
         0.75
     )
@@ -62,14 +61,7 @@ class LengthShiftOptions(Section):
         0.99
     )
     extreme_margin: Annotated[int, Field(ge=0, description="characters beyond that quantile to reject one")] = 16
-    memory_rounds: Annotated[int, Field(ge=0, description="earlier rounds remembered")] = 4
     min_null: Annotated[int, Field(ge=1, description="completions of the author's model needed for its own null")] = 32
-    reference_samples: Annotated[
-        int, Field(ge=0, description="own samples of a model too few others run, per round (0: never sample)")
-    ] = 32
-    reference_models: Annotated[
-        list[str], Field(description="models the receiver may load to sample a reference (dgrpo: ones always)")
-    ] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -96,7 +88,7 @@ class LengthShiftDefense(Defense):
         super().__init__(options)
         self.seen: deque[Seen] = deque()
         self.reference: deque[Seen] = deque()  # the receiver's own samples of models too few others run
-        self.sampled_rounds: set[tuple[int, str]] = set()
+        self.draws = ReferenceDraws()
 
     def null(self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]) -> torch.Tensor | None:
         """The excesses the author's completions are compared with; None when there is nothing fair."""
@@ -112,20 +104,16 @@ class LengthShiftDefense(Defense):
     def sampled(self, ctx: DefenseContext, model_id: str, prompts: Sequence[Prompt]) -> list[Seen]:
         """The receiver's reference samples of ``model_id`` (:mod:`dgrpo.defense.reference`), this round's
         drawn once, the remembered rounds' kept."""
-        opts = self.options
-        if (ctx.round, model_id) not in self.sampled_rounds:
-            self.sampled_rounds.add((ctx.round, model_id))
-            for p, t in reference_completions(ctx, model_id, prompts, opts.reference_samples, opts.reference_models):
-                self.reference.append(
-                    Seen(ctx.round, "", model_id, excess(ctx.task, Candidate("", p, t, 0, ctx.sampling, model_id)))
-                )
+        for p, t in self.draws.new(ctx, model_id, prompts, self.options):
+            self.reference.append(
+                Seen(ctx.round, "", model_id, excess(ctx.task, Candidate("", p, t, 0, ctx.sampling, model_id)))
+            )
         return [s for s in self.reference if s.model_id == model_id]
 
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         opts = self.options
         for memory in (self.seen, self.reference):
-            while memory and memory[0].round < ctx.round - opts.memory_rounds:
-                memory.popleft()
+            forget(memory, ctx.round, opts.memory_rounds)
         sizes = [excess(ctx.task, c) for c in candidates]
         self.seen.extend(Seen(ctx.round, c.author, c.model_id, n) for c, n in zip(candidates, sizes, strict=True))
         verdicts: list[Verdict] = [ACCEPT] * len(candidates)

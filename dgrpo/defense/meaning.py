@@ -28,7 +28,6 @@ has no free text) and DoS selections of honest samples.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,15 +36,12 @@ from typing import Annotated, Any
 import torch
 from pydantic import Field
 
-from dgrpo.config import Section
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
 from dgrpo.defense.free_text import free_text
 from dgrpo.defense.odds import binomial_tail
-from dgrpo.defense.reference import reference_completions
+from dgrpo.defense.reference import PatternOptions, ReferenceDraws, forget
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.tasks.base import Prompt
-
-log = logging.getLogger(__name__)
 
 # Everyday phrases and words, none about arithmetic: the centre and part of the null where the receiver has
 # too little free text of its own (a digits-only model).
@@ -65,7 +61,7 @@ EVERYDAY = (  # noqa: SIM905 (a list literal would take 90 lines)
 ).split("|")
 
 
-class MeaningOptions(Section):
+class MeaningOptions(PatternOptions):
     encoder: Annotated[str, Field(description="model whose hidden states encode free text")] = (
         "pypi:SmolLM2-135M-Instruct"
     )
@@ -89,14 +85,7 @@ class MeaningOptions(Section):
     core_fraction: Annotated[
         float, Field(gt=0.0, le=1.0, description="a core unit is close to at least this share of the author's others")
     ] = 0.5
-    memory_rounds: Annotated[int, Field(ge=0, description="earlier rounds of units compared with")] = 4
     min_own: Annotated[int, Field(ge=1, description="units of an author's model needed to judge it against them")] = 16
-    reference_samples: Annotated[
-        int, Field(ge=0, description="own samples of a model too few others run, per round (0: never sample)")
-    ] = 32
-    reference_models: Annotated[
-        list[str], Field(description="models the receiver may load to sample a reference (dgrpo: ones always)")
-    ] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -119,7 +108,7 @@ class MeaningDefense(Defense):
         super().__init__(options)
         self.units: deque[Unit] = deque()  # every author's units of the remembered rounds, the receiver's too
         self.reference: deque[Unit] = deque()  # units of the receiver's own samples of others' models
-        self.sampled_rounds: set[tuple[int, str]] = set()
+        self.draws = ReferenceDraws()
         self._encoder: Any = None
 
     @property
@@ -133,8 +122,7 @@ class MeaningDefense(Defense):
     def check(self, ctx: DefenseContext, candidates: Sequence[Candidate]) -> list[Verdict]:
         opts = self.options
         for memory in (self.units, self.reference):
-            while memory and memory[0].round < ctx.round - opts.memory_rounds:
-                memory.popleft()
+            forget(memory, ctx.round, opts.memory_rounds)
         per_candidate = [free_text(c.text, ctx.task.reasoning_format) for c in candidates]
         if not any(per_candidate):
             return [ACCEPT] * len(candidates)
@@ -181,11 +169,8 @@ class MeaningDefense(Defense):
         own = [u for u in self.units if u.author == ctx.self_id and model_id == ctx.model_id]
         others = [u for u in self.units if u.author not in (author, ctx.self_id) and u.model_id == model_id]
         if len(own) < opts.min_own:
-            if (ctx.round, model_id) not in self.sampled_rounds:
-                self.sampled_rounds.add((ctx.round, model_id))
-                samples = reference_completions(ctx, model_id, prompts, opts.reference_samples, opts.reference_models)
-                for p, text in samples:
-                    self.remember(ctx, "", model_id, p.id, free_text(text, ctx.task.reasoning_format), reference=True)
+            for p, text in self.draws.new(ctx, model_id, prompts, opts):
+                self.remember(ctx, "", model_id, p.id, free_text(text, ctx.task.reasoning_format), reference=True)
             own += [u for u in self.reference if u.model_id == model_id]
         null = own + others
         if len(null) < opts.min_own:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import Annotated, Protocol, TypeVar
 
-from dgrpo.config import LearnerConfig, ModelConfig
+from pydantic import Field
+
+from dgrpo.config import LearnerConfig, ModelConfig, Section
 from dgrpo.defense.base import DefenseContext
 from dgrpo.learner.learner import TORCH_LOCK, Learner
 from dgrpo.seeds import stable_seed
@@ -70,3 +73,45 @@ def reference_completions(
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return out
+
+
+class PatternOptions(Section):
+    """Options every defense judging an author's pattern against its model shares."""
+
+    memory_rounds: Annotated[int, Field(ge=0, description="earlier rounds remembered")] = 4
+    reference_samples: Annotated[
+        int, Field(ge=0, description="own samples of a model too few others run, per round (0: never sample)")
+    ] = 32
+    reference_models: Annotated[
+        list[str], Field(description="models the receiver may load to sample a reference (dgrpo: ones always)")
+    ] = Field(default_factory=list)
+
+
+class ReferenceDraws:
+    """One defense's reference samples: each (round, model)'s drawn on first need and handed out once (the
+    defense keeps what it makes of them)."""
+
+    def __init__(self) -> None:
+        self.done: set[tuple[int, str]] = set()
+
+    def new(
+        self, ctx: DefenseContext, model_id: str, prompts: Sequence[Prompt], options: PatternOptions
+    ) -> list[tuple[Prompt, str]]:
+        if (ctx.round, model_id) in self.done:
+            return []
+        self.done = {key for key in self.done if key[0] >= ctx.round} | {(ctx.round, model_id)}
+        return reference_completions(ctx, model_id, prompts, options.reference_samples, options.reference_models)
+
+
+class _Dated(Protocol):
+    @property
+    def round(self) -> int: ...
+
+
+D = TypeVar("D", bound=_Dated)
+
+
+def forget(memory: deque[D], round_idx: int, memory_rounds: int) -> None:
+    """Drop from the left of ``memory`` (oldest first) what is older than the remembered rounds."""
+    while memory and memory[0].round < round_idx - memory_rounds:
+        memory.popleft()
