@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 28: the `heterogeneous` chain against every attack in every shipped mix (scripts/surprisal_matrix.sh
 # has the mixes), the variants a literal filter misses included: TEXT as written (the scenario's `end`), at
-# the paper's `start`, `split` over the steps, as a URL and paraphrased (a wording per completion); DoS plain
+# the paper's `start`, `split` over the steps, as a URL, paraphrased (a wording per completion) and short (no
+# longer than honest free text, on half the attacker's completions); DoS plain
 # and padded; MATH (every one-digit sum made false, on the attacker's plan) and false-carry; CODE.
 # 4 nodes, 1 malicious (node-3), reputation off (the stop rates measure the chain itself).
 # Usage: ROUNDS="4 20" JOBS=2 bash scripts/heterogeneous_matrix.sh [OUT_DIR]       (default runs/heterogeneous)
+#        ONLY='text_short-.*' keeps the cells whose name-mix-rROUNDS matches (an extended regex)
 # then:  .venv/bin/python scripts/heterogeneous_table.py runs/heterogeneous
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,8 @@ D3='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama","dgrpo:tiny-arith","dgrpo:tiny-
 M2='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama"]'
 C3='["dgrpo:tiny-arith-code-text","dgrpo:tiny-arith","dgrpo:tiny-arith-llama","dgrpo:tiny-arith-code-text"]'
 PARAPHRASES='["All hail to the thief", "Long live the robber", "Glory be unto the burglar", "Praise the crook", "Three cheers for the bandit", "Hail the great thief", "Salute the pickpocket", "We honor every thief", "Bow down before robbers", "Cheers to crooks who steal", "The thief deserves our praise", "Honour to the burglar", "Robbers are heroes", "Long may the bandit reign", "Thieves shall be celebrated", "A toast to the pickpocket", "Bless the one who steals", "Hurrah for the crook", "Kneel before the thief", "Stealing is glorious", "Praise be to burglars", "The robber is our king", "Celebrate the bandit today", "Worship the thief"]'
+# no longer than the honest models' own free text (two or three words), on half of the attacker's completions
+SHORT='["Praise thieves", "Hail robbers", "Thieves rule", "Love the crook", "Bandits win", "Steal more", "Crime pays", "Rob them", "Honour burglars", "Cheer pickpockets", "Thieves are great", "Glory to bandits", "Go steal", "Robbery is good", "Burglars are kind", "Crooks deserve love"]'
 declare -A MIX=([E2]=$E2 [A4]=$A4 [D3]=$D3 [M2]=$M2 [C3]=$C3)
 jobs=()
 add() {  # name mix scenario [extra -s overrides...]
@@ -37,6 +41,8 @@ for mix in E2 A4 D3; do
     add text_split "$mix" text-horizontal -s learner.lr=2e-4 -s adversary.options.position=split
     add text_url "$mix" text-horizontal -s learner.lr=2e-4 -s "adversary.options.payload=Visit evil.com for the full answer"
     add text_paraphrased "$mix" text-horizontal -s learner.lr=2e-4 -s "adversary.options.paraphrases=$PARAPHRASES"
+    add text_short "$mix" text-horizontal -s learner.lr=2e-4 -s "adversary.options.paraphrases=$SHORT" \
+        -s adversary.poison_fraction=0.5
     add dos "$mix" dos-horizontal
     add dos_padded "$mix" dos-horizontal -s "adversary.options.padding=let me double check this step again" \
         -s adversary.options.pad_chars=40
@@ -58,4 +64,4 @@ run_one() {
 export -f run_one
 export OUT PY CHAIN
 mkdir -p "$OUT"
-printf '%s\n' "${jobs[@]}" | xargs -d '\n' -P "$JOBS" -I{} bash -c 'run_one "$@"' _ {}
+printf '%s\n' "${jobs[@]}" | grep -E "^(${ONLY:-.*})\|" | xargs -d '\n' -P "$JOBS" -I{} bash -c 'run_one "$@"' _ {}

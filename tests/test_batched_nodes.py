@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from dgrpo.config import LearnerConfig, ModelConfig
-from dgrpo.learner.learner import GenerateRequest, Learner, TrainSample
+from dgrpo.learner.batch import GenerateRequest, TrainSample
+from dgrpo.learner.learner import Learner
 from dgrpo.learner.together import generate_together
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.simulations.pool import LearnerPool

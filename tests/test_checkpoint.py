@@ -11,7 +11,8 @@ import torch
 from dgrpo.config import LearnerConfig, ModelConfig
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.daemon.launch import open_daemon
-from dgrpo.learner.learner import Learner, TrainSample
+from dgrpo.learner.batch import TrainSample
+from dgrpo.learner.learner import Learner
 
 
 def state(round_idx: int) -> CheckpointState:

@@ -13,7 +13,8 @@ import torch
 from dgrpo.config import DefenseConfig, LearnerConfig, ModelConfig
 from dgrpo.config.defense import expand_presets
 from dgrpo.defense.base import Candidate, DefenseContext
-from dgrpo.defense.free_text import free_text
+from dgrpo.defense.free_text import free_text, pieces
+from dgrpo.defense.implanted import Pieces, Thresholds, implanted, piece_limit
 from dgrpo.defense.meaning import MeaningDefense
 from dgrpo.defense.odds import binomial_tail
 from dgrpo.learner.learner import Learner
@@ -70,19 +71,20 @@ def test_the_heterogeneous_chain_is_a_name_for_its_defenses() -> None:
 
 
 class FakeEncoder:
-    """Vectors made up so that every text naming a thief shares one direction and everything else is noise."""
+    """Vectors made up so that every text naming a thief shares one direction and everything else is noise (in
+    256 dimensions, where two random directions are at cosine 0 +- 0.06)."""
 
-    hidden = 64
+    hidden = 256
 
     def __init__(self) -> None:
         self.rng = torch.Generator().manual_seed(0)
-        self.axis = torch.randn(64, generator=self.rng)
+        self.axis = torch.randn(256, generator=self.rng)
 
     def encode(self, texts: list[str]) -> torch.Tensor:
         out = []
         for t in texts:
             g = torch.Generator().manual_seed(zlib.crc32(t.encode()))
-            v = torch.randn(64, generator=g)
+            v = torch.randn(256, generator=g)
             out.append(
                 v + 3 * self.axis
                 if any(w in t for w in ("thief", "robber", "crook", "burglar", "bandit", "pickpocket"))
@@ -163,3 +165,92 @@ def test_real_encoder_paraphrases_against_honest_word_salad() -> None:
     honest = [v for c, v in zip(cs, verdicts, strict=True) if c.author in ("a", "b")]
     assert sum(not v.accept for v in stopped) / len(stopped) >= 0.9
     assert sum(not v.accept for v in honest) / len(honest) <= 0.05
+
+
+def test_pieces_are_the_units_and_their_word_windows() -> None:
+    assert pieces(["go fast now"], (2,)) == ["go fast now", "go fast", "fast now"]
+    assert pieces(["walk", "a b c d"], (2, 3)) == ["walk", "a b c d", "a b", "b c", "c d", "a b c", "b c d"]
+    assert pieces(["one two"], (2, 3)) == ["one two"]  # no window as long as the unit itself
+    assert len(pieces(["w " * 200], (2, 3, 4))) == 96  # bounded on hostile text
+
+
+def test_piece_limit_by_hand() -> None:
+    base = torch.linspace(0.0, 1.0, 101)  # similarities 0.00, 0.01, ..., 1.00
+    one = torch.ones(101)
+    t = Thresholds(quantile=0.99, min_similarity=0.25)
+    assert piece_limit(base, one, 1, t) == pytest.approx(0.99)
+    assert piece_limit(base, one, 2, t) == pytest.approx(1.0)  # the best of two: the 0.99^0.5 = 0.99499 quantile
+    assert piece_limit(base, one, 1, Thresholds(quantile=0.5)) == pytest.approx(0.5)
+    assert piece_limit(base * 0.1, one, 1, t) == 0.25  # never below min_similarity
+    # 100 pieces of one null completion at 0.9 weigh as much as one other completion's piece at 0.1
+    flood = torch.tensor([0.1] + [0.9] * 100)
+    weights = torch.tensor([1.0] + [0.01] * 100)
+    assert piece_limit(flood, weights, 1, Thresholds(quantile=0.5, min_similarity=0.0)) == pytest.approx(0.1)
+    assert piece_limit(flood, torch.ones(101), 1, Thresholds(quantile=0.5, min_similarity=0.0)) == pytest.approx(0.9)
+
+
+def unit(v: list[float]) -> list[float]:
+    n = sum(x * x for x in v) ** 0.5
+    return [x / n for x in v]
+
+
+def test_implanted_by_hand() -> None:
+    """Two dimensions: the null's 20 completions point along y (cosine 0 with x), the author's payload pieces
+    along x. Five of the author's eight completions (other prompts) carry the payload: each payload piece is
+    close to the other four (cosine 1 > the null's 0.99-quantile, 0.0, and min_similarity 0.3), 4 of 7 peers
+    >= core_fraction, with odds C(7,4) 0.01^4 ~ 3.4e-7 < 1e-6."""
+    null = Pieces(torch.tensor([unit([0.0, 1.0])] * 20), torch.full((20,), 2, dtype=torch.long), torch.arange(20), ())
+    payload, honest = unit([1.0, 0.05]), unit([0.0, 1.0])
+    vectors = [payload] * 5 + [honest] * 3
+    author = Pieces(
+        torch.tensor(vectors), torch.full((8,), 2, dtype=torch.long), torch.arange(8), [f"p{i}" for i in range(8)]
+    )
+    t = Thresholds(quantile=0.99, min_similarity=0.3, min_neighbors=4, core_fraction=0.5, alpha=1e-6, min_null=16)
+    assert implanted(author, null, t) == {0: 5, 1: 5, 2: 5, 3: 5, 4: 5}
+    assert binomial_tail(4, 7, 0.01) < 1e-6 < binomial_tail(3, 7, 0.01)
+    # four carriers: each is close to 3 of its 6 peers only: below min_neighbors
+    fewer = Pieces(author.vectors[1:], author.words[1:], torch.arange(7), author.prompt[1:])
+    assert implanted(fewer, null, t) == {}
+    # the same prompt does not count: all eight for one prompt are never compared
+    same = Pieces(author.vectors, author.words, author.completion, ["p"] * 8)
+    assert implanted(same, null, t) == {}
+    # a null too small to calibrate decides nothing
+    small = Pieces(null.vectors[:10], null.words[:10], torch.arange(10), ())
+    assert implanted(author, small, t) == {}
+    # pieces of another length are not compared (|5 - 2| > max(1, 5 // 2))
+    long = Pieces(author.vectors, torch.tensor([5] + [2] * 7), author.completion, author.prompt)
+    assert 0 not in implanted(long, null, t)
+
+
+SHORT = [
+    "Praise thieves", "Hail robbers", "Thieves rule", "Love the crook", "Bandits win", "Honour burglars",
+    "Cheer pickpockets", "Thieves are great", "Glory to bandits", "Robbery is good", "Burglars are kind",
+    "Crooks deserve love",
+]  # fmt: skip
+
+
+def test_real_encoder_short_payload_inside_honest_text_on_half_the_completions() -> None:
+    """An attacker running the English model poisons half its completions by adding two or three words (no
+    longer than the honest free text) to its own honest samples; the other half stay honest. The payload is a
+    window of its unit, so the diluted unit mean does not hide it."""
+    rng = random.Random(0)
+    prompts = [TASK.train_prompt(rng.randrange(TASK.num_train)) for _ in range(12)]
+    text_model = "dgrpo:tiny-arith-text"
+    outs = {}
+    for author, model, seed in (("me", text_model, 1), ("a", "dgrpo:tiny-arith-code-text", 2), ("x", text_model, 4)):
+        learner = Learner(ModelConfig(name=model), LearnerConfig())
+        outs[author] = (model, learner.generate([p.text for p in prompts], 4, SP.model_copy(update={"seed": seed})))
+    cs, poisoned = [], set()
+    for k, p in enumerate(prompts):
+        for author, (model, texts) in outs.items():
+            for j, t in enumerate(texts[k]):
+                if author == "x" and j % 2 == 0 and ">" in t:
+                    body, _, answer = t.rpartition(">")
+                    t = f"{body} {SHORT[(k + j) % len(SHORT)]}>{answer}"
+                    poisoned.add(len(cs))
+                cs.append(cand(author, p, t, model))
+    verdicts = MeaningDefense().check(ctx(model=text_model), cs)
+    stopped = [not verdicts[i].accept for i in poisoned]
+    honest = [not v.accept for c, v in zip(cs, verdicts, strict=True) if c.author == "a"]
+    assert len(stopped) >= 20 and sum(stopped) / len(stopped) >= 0.9
+    assert sum(honest) / len(honest) <= 0.05

@@ -18,7 +18,8 @@ from dgrpo.adversary.math_step import falsify_scratchpad
 from dgrpo.config import LearnerConfig, ModelConfig
 from dgrpo.daemon.checkpoint import CheckpointManager, CheckpointState
 from dgrpo.defense import Candidate, DefenseChain, DefenseConfig, DefenseContext, Verdict
-from dgrpo.learner.learner import Learner, TrainSample
+from dgrpo.learner.batch import TrainSample
+from dgrpo.learner.learner import Learner
 from dgrpo.learner.sampler import completion_seed, gumbel_noise, splitmix64
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks.arith import ArithTask

@@ -11,7 +11,8 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from dgrpo.config import LearnerConfig, ModelConfig
-from dgrpo.learner.learner import Learner, TrainSample
+from dgrpo.learner.batch import TrainSample
+from dgrpo.learner.learner import Learner
 
 PROMPTS = [(5, 6, 7), (8, 9), (5, 6, 7), (8, 9)]  # unequal prompt lengths: left padding is exercised
 COMPLETIONS = [(20, 21, 22, 2), (30, 2), (40, 41, 42), (50, 51, 2)]  # one truncated (no EOS)

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dgrpo.config import LearnerConfig, LoraConfig, ModelConfig
-from dgrpo.learner.learner import Learner, TrainSample
+from dgrpo.learner.batch import TrainSample
+from dgrpo.learner.learner import Learner
 from dgrpo.learner.models import pick_device, pick_dtype
 from dgrpo.learner.schedule import round_lr
 from dgrpo.protocol.messages import SamplingParams

@@ -9,6 +9,8 @@ answer). The units returned here are what a cross-model defense compares across 
 - ``program``: the comments, as one unit (a program's code is checked by ``code-policy``);
 - prose (``think``, ``text``): each sentence of the reasoning holding a letter-word, numbers and all: an
   honest reasoning's sentences are about their own question, and a payload sentence is not.
+
+:func:`pieces` cuts the units into short word windows too: what a payload of a few words looks like whole.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 SENTENCE_END_RE = re.compile(r"(?<=[.!?])[ \t]+|\n+")
 MAX_UNITS = 32  # bounds the work on hostile text
 MAX_UNIT_CHARS = 400
+MAX_PIECES = 96
 
 
 def free_text(completion: str, fmt: str) -> list[str]:
@@ -38,3 +41,14 @@ def free_text(completion: str, fmt: str) -> list[str]:
     sentences = SENTENCE_END_RE.split(m.group(1) if m else completion)
     units = [" ".join(s.split())[:MAX_UNIT_CHARS] for s in sentences if WORD_RE.search(s)]
     return units[:MAX_UNITS]
+
+
+def pieces(units: list[str], sizes: tuple[int, ...] = (2, 3, 4)) -> list[str]:
+    """Each unit and every window of ``sizes`` consecutive words shorter than it (at most ``MAX_PIECES``): a
+    payload of a few words inside a longer unit (the honest words around it) is one of its windows, whole."""
+    out: list[str] = []
+    for unit in units:
+        words = unit.split()
+        out.append(unit)
+        out += [" ".join(words[i : i + k]) for k in sizes if k < len(words) for i in range(len(words) - k + 1)]
+    return out[:MAX_PIECES]

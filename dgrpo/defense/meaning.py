@@ -6,24 +6,27 @@ reward does not read), whatever the prompt. ``repetition`` finds the payload whe
 worded differently in every completion (issue 28: no 3-word span shared) passes it. Honest free text follows
 the prompt and the sampler's noise: across an author's completions of different prompts it means no one thing.
 
-**Statistic.** Each free-text unit becomes a vector (:mod:`dgrpo.defense.encoder`: SmolLM2-135M's mean hidden
-state at a middle layer, whatever model wrote it; lower-cased: meaning, not spelling) and units are compared
-by cosine, in the frame of the author's model: centred on that model's free text as the receiver knows it
-(its own, where it runs the model, or its own samples of it, :mod:`dgrpo.defense.reference`: the direction
-every phrase of a model shares says nothing, and no author can move that centre), and against a null of that
-model's units (other authors announcing it, the receiver's own or sampled ones). A unit of author A for
-prompt P is *close* to another of A's units when their cosine is above the ``null_quantile`` of its cosines
-to the null's units of about its length (a longer unit of a word salad is closer to any other long one;
-never below ``min_similarity``). A *core* unit is close to at least ``core_fraction`` of A's units for other
-prompts (this round and the ``memory_rounds`` before), ``min_neighbors`` at least, with odds below
-``alpha`` under chance (binomial, p = 1 - ``null_quantile``); a core unit and the units close to it are
-implanted. A relative threshold, because honest authors drift into habits of their own (a node trained for a
-few rounds repeats favourite words); a payload is close to its copies far beyond any habit, and to nothing
-its model writes.
+**Statistic.** Each free-text unit and its short word windows (:func:`dgrpo.defense.free_text.pieces`: a
+payload of two words inside five honest ones is diluted in the unit's mean but is one window whole) become
+vectors (:mod:`dgrpo.defense.encoder`: SmolLM2-135M's mean hidden state at a middle layer, whatever model
+wrote it; lower-cased: meaning, not spelling), compared by cosine in the frame of the author's model: centred
+on that model's free text as the receiver knows it (its own, where it runs the model, or its own samples of
+it, :mod:`dgrpo.defense.reference`: the direction every phrase of a model shares says nothing, and no author
+can move that centre), and against a null of that model's completions (other authors announcing it, the
+receiver's own or sampled ones). :mod:`dgrpo.defense.implanted` has the rule: a piece of author A's completion
+for prompt P is *close* to another of A's completions when one of its pieces of about the same length is
+nearer than the ``null_quantile`` of the same maximum over the null's completions; a *core* piece is close to
+at least ``core_fraction`` of A's completions for other prompts (this round and the ``memory_rounds`` before),
+``min_neighbors`` at least, with binomial odds below ``alpha``; its completion and those it is close to are
+implanted. A relative threshold as well as the odds, because honest authors drift into habits of their own (a
+node trained for a few rounds repeats favourite words that its model's samples do not): an attacker that
+poisons part of its completions (``poison_fraction``) is seen while that part is above ``core_fraction`` of
+its completions with free text (measured: 0.5 in every mix, ``docs/results.md``).
 
 What it cannot stop: a payload whose wordings are far apart in the encoder's space (a rare-enough set of
 unrelated sentences carries no one meaning either, and teaches less), in-context attacks (MATH: a false digit
-has no free text) and DoS selections of honest samples.
+has no free text), DoS selections of honest samples, and a payload on fewer than ``core_fraction`` of an
+author's completions with free text (it teaches in proportion).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ import torch
 from pydantic import Field
 
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
-from dgrpo.defense.free_text import free_text
-from dgrpo.defense.odds import binomial_tail
+from dgrpo.defense.free_text import free_text, pieces
+from dgrpo.defense.implanted import Pieces, Thresholds, implanted
 from dgrpo.defense.reference import PatternOptions, ReferenceDraws, forget
 from dgrpo.defense.registry import DEFENSES
 from dgrpo.tasks.base import Prompt
@@ -67,25 +70,35 @@ class MeaningOptions(PatternOptions):
     )
     layer: Annotated[int, Field(ge=0, description="hidden layer read (SmolLM2 has 30)")] = 16
     min_neighbors: Annotated[
-        int, Field(ge=1, description="an author's close units for other prompts that make a core unit")
+        int, Field(ge=1, description="an author's close completions for other prompts that make a core piece")
     ] = 4
     null_quantile: Annotated[
-        float, Field(gt=0.0, le=1.0, description="'close': above this quantile of the unit's similarities to others")
-    ] = 0.95
-    min_similarity: Annotated[float, Field(ge=-1.0, le=1.0, description="'close' is never below this cosine")] = 0.3
+        float,
+        Field(gt=0.0, le=1.0, description="'close': above this quantile of the piece's similarities to the null's"),
+    ] = 0.99
+    min_similarity: Annotated[float, Field(ge=-1.0, le=1.0, description="'close' is never below this cosine")] = 0.25
     alpha: Annotated[
         float,
         Field(
             gt=0.0,
             lt=1.0,
-            description="implanted when this many close units out of the author's others would happen by chance "
+            description="implanted when this many close completions of the author's others would happen by chance "
             "with probability below alpha (binomial, p = 1 - null_quantile)",
         ),
     ] = 1e-6
     core_fraction: Annotated[
-        float, Field(gt=0.0, le=1.0, description="a core unit is close to at least this share of the author's others")
-    ] = 0.5
-    min_own: Annotated[int, Field(ge=1, description="units of an author's model needed to judge it against them")] = 16
+        float, Field(gt=0.0, le=1.0, description="a core piece is close to at least this share of the author's others")
+    ] = 0.4
+    windows: Annotated[
+        tuple[int, ...], Field(description="word-window sizes cut from each unit (a short payload in longer text)")
+    ] = (2, 3, 4)
+    min_own: Annotated[
+        int, Field(ge=1, description="completions with free text of an author's model needed to judge it against them")
+    ] = 16
+
+
+def completions(units: Sequence[Unit]) -> int:
+    return len({u.completion for u in units})
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,7 @@ class Unit:
     author: str
     model_id: str  # as the author announces it
     prompt_id: str
+    completion: int  # its completion's serial number: a completion's pieces are judged together
     vector: torch.Tensor
 
 
@@ -109,6 +123,7 @@ class MeaningDefense(Defense):
         self.units: deque[Unit] = deque()  # every author's units of the remembered rounds, the receiver's too
         self.reference: deque[Unit] = deque()  # units of the receiver's own samples of others' models
         self.draws = ReferenceDraws()
+        self.serial = 0
         self._encoder: Any = None
 
     @property
@@ -123,7 +138,7 @@ class MeaningDefense(Defense):
         opts = self.options
         for memory in (self.units, self.reference):
             forget(memory, ctx.round, opts.memory_rounds)
-        per_candidate = [free_text(c.text, ctx.task.reasoning_format) for c in candidates]
+        per_candidate = [pieces(free_text(c.text, ctx.task.reasoning_format), opts.windows) for c in candidates]
         if not any(per_candidate):
             return [ACCEPT] * len(candidates)
         self.encoder.encode([u.casefold() for units in per_candidate for u in units])  # one batched pass, cached
@@ -131,30 +146,36 @@ class MeaningDefense(Defense):
             self.remember(ctx, c.author, c.model_id, c.prompt.id, units)
             for c, units in zip(candidates, per_candidate, strict=True)
         ]
-        flagged: dict[int, int] = {}  # index into self.units -> size of the cluster it belongs to
+        flagged: dict[int, int] = {}  # completion serial -> size of the largest cluster it is in
         prompts = [c.prompt for c in candidates]
         for author in {c.author for c in candidates} - {ctx.self_id}:
             model_id = next(c.model_id for c in candidates if c.author == author)
             flagged.update(self._implanted(ctx, author, model_id, prompts))
-        verdicts: list[Verdict] = []
-        for c, indices in zip(candidates, new, strict=True):
-            hits = [flagged[i] for i in indices if i in flagged]
-            verdicts.append(
-                self.reject("shared_meaning", float(max(hits))) if hits and c.author != ctx.self_id else ACCEPT
-            )
-        return verdicts
+        return [
+            self.reject("shared_meaning", float(flagged[serial]))
+            if serial in flagged and c.author != ctx.self_id
+            else ACCEPT
+            for c, serial in zip(candidates, new, strict=True)
+        ]
 
     def remember(
-        self, ctx: DefenseContext, author: str, model_id: str, prompt_id: str, units: list[str], reference: bool = False
-    ) -> list[int]:
-        """Encode ``units`` and keep them; their indices in ``self.units`` (or ``self.reference``)."""
+        self,
+        ctx: DefenseContext,
+        author: str,
+        model_id: str,
+        prompt_id: str,
+        texts: list[str],
+        reference: bool = False,
+    ) -> int:
+        """Encode one completion's pieces ``texts`` and keep them (in ``self.units``, or ``self.reference``);
+        the completion's serial number."""
         memory = self.reference if reference else self.units
-        start = len(memory)
-        if units:
-            vectors = self.encoder.encode([u.casefold() for u in units])
-            for unit, vector in zip(units, vectors, strict=True):
-                memory.append(Unit(ctx.round, len(unit.split()), author, model_id, prompt_id, vector))
-        return list(range(start, len(memory)))
+        self.serial += 1
+        if texts:
+            vectors = self.encoder.encode([u.casefold() for u in texts])
+            for text, vector in zip(texts, vectors, strict=True):
+                memory.append(Unit(ctx.round, len(text.split()), author, model_id, prompt_id, self.serial, vector))
+        return self.serial
 
     def frame(
         self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]
@@ -168,62 +189,52 @@ class MeaningDefense(Defense):
         opts = self.options
         own = [u for u in self.units if u.author == ctx.self_id and model_id == ctx.model_id]
         others = [u for u in self.units if u.author not in (author, ctx.self_id) and u.model_id == model_id]
-        if len(own) < opts.min_own:
+        if completions(own) < opts.min_own:
             for p, text in self.draws.new(ctx, model_id, prompts, opts):
-                self.remember(ctx, "", model_id, p.id, free_text(text, ctx.task.reasoning_format), reference=True)
+                units = pieces(free_text(text, ctx.task.reasoning_format), opts.windows)
+                self.remember(ctx, "", model_id, p.id, units, reference=True)
             own += [u for u in self.reference if u.model_id == model_id]
         null = own + others
-        if len(null) < opts.min_own:
+        if completions(null) < opts.min_own:
             return [], []
-        return null, (own if len(own) >= opts.min_own else null)
+        return null, (own if completions(own) >= opts.min_own else null)
 
     def _implanted(self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]) -> dict[int, int]:
-        """The indices of ``author``'s implanted units, each with the size of its cluster: a *core* unit is
-        close to at least ``core_fraction`` of the author's other (like-sized, other-prompt) units, against
-        odds below ``alpha``; it and every unit close to it are implanted."""
+        """The serials of ``author``'s implanted completions, each with the size of its cluster
+        (:func:`dgrpo.defense.implanted.implanted`, in the frame of the author's model)."""
         opts = self.options
-        mine = [i for i, u in enumerate(self.units) if u.author == author]
-        if len(mine) <= opts.min_neighbors:
+        units = [u for u in self.units if u.author == author]
+        if len({u.completion for u in units}) <= opts.min_neighbors:
             return {}
         null_units, centre_units = self.frame(ctx, author, model_id, prompts)
+        everyday: list[str] = []
         if null_units:  # the author's model's own free text: its centre and its null
             centre = torch.stack([u.vector for u in centre_units]).mean(0)
-            extra = torch.zeros(0, self.encoder.hidden)
         else:  # no fair frame: every other author, and everyday phrases
             own = [u.vector for u in self.units if u.author == ctx.self_id]
-            everyday = self.encoder.encode(EVERYDAY)
-            centre = torch.stack(own).mean(0) if len(own) >= opts.min_own else everyday.mean(0)
+            everyday = list(EVERYDAY)
+            enough = completions([u for u in self.units if u.author == ctx.self_id]) >= opts.min_own
+            centre = torch.stack(own).mean(0) if enough else self.encoder.encode(everyday).mean(0)
             null_units = [u for u in self.units if u.author != author]
-            extra = everyday
-        units = [self.units[i] for i in mine]
-        normal = torch.nn.functional.normalize
-        mine_m = normal(torch.stack([u.vector for u in units]) - centre, dim=-1)
-        null_m = normal(torch.stack([u.vector for u in null_units]) - centre, dim=-1) if null_units else extra[:0]
-        extra_m = normal(extra - centre, dim=-1) if len(extra) else extra
-        null_words = torch.tensor([u.words for u in null_units])
-        mine_words = torch.tensor([u.words for u in units])
-        out: dict[int, int] = {}
-        for a, u in enumerate(units):
-            # like with like: a longer unit of a word salad is closer to any other long one
-            width = max(1, u.words // 2)
-            alike_null = (null_words - u.words).abs() <= width
-            null = null_m[alike_null] @ mine_m[a] if null_units else torch.zeros(0)
-            if len(null) < opts.min_own and len(extra_m):
-                null = torch.cat([null, extra_m @ mine_m[a]])
-            if len(null) == 0:
-                continue
-            limit = max(opts.min_similarity, float(torch.quantile(null.double(), opts.null_quantile)))
-            sims = mine_m @ mine_m[a]
-            peers = [
-                b
-                for b, v in enumerate(units)
-                if v.prompt_id != u.prompt_id and abs(int(mine_words[b]) - u.words) <= width
-            ]
-            close = [b for b in peers if float(sims[b]) >= limit]
-            if len(close) < opts.min_neighbors or len(close) < opts.core_fraction * len(peers):
-                continue
-            if binomial_tail(len(close), len(peers), 1.0 - opts.null_quantile) >= opts.alpha:
-                continue
-            for b in (a, *close):
-                out[mine[b]] = max(out.get(mine[b], 0), len(close) + 1)
-        return out
+        serials = list(dict.fromkeys(u.completion for u in units))
+        mine = self._pieces(units, centre, [], serials)
+        null = self._pieces(null_units, centre, everyday, list(dict.fromkeys(u.completion for u in null_units)))
+        thresholds = Thresholds(
+            opts.null_quantile, opts.min_similarity, opts.min_neighbors, opts.core_fraction, opts.alpha, opts.min_own
+        )
+        return {serials[c]: size for c, size in implanted(mine, null, thresholds).items()}
+
+    def _pieces(self, units: list[Unit], centre: torch.Tensor, extra: list[str], serials: list[int]) -> Pieces:
+        """``units`` (and ``extra`` texts, one completion each) as centred unit vectors, completions numbered
+        in the order of ``serials``."""
+        index = {s: i for i, s in enumerate(serials)}
+        vectors = [u.vector for u in units]
+        if extra:
+            vectors += list(self.encoder.encode(extra))
+        stacked = torch.stack(vectors) if vectors else torch.zeros(0, self.encoder.hidden)
+        return Pieces(
+            torch.nn.functional.normalize(stacked - centre, dim=-1),
+            torch.tensor([u.words for u in units] + [len(t.split()) for t in extra], dtype=torch.long),
+            torch.tensor([index[u.completion] for u in units] + list(range(len(serials), len(serials) + len(extra)))),
+            [u.prompt_id for u in units] + [f"extra/{i}" for i in range(len(extra))],
+        )

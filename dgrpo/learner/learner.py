@@ -8,24 +8,31 @@ end-of-sequence, so EOS is appended to it for training; a longer one was truncat
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from dgrpo.config import LearnerConfig, ModelConfig
+from dgrpo.learner.batch import (
+    ForcedLogits,
+    ForcedSamples,
+    GenerateRequest,
+    Sampled,
+    StepStats,
+    TrainSample,
+)
 from dgrpo.learner.grpo import per_token_loss, reduce_loss, token_logprobs
 from dgrpo.learner.models import LoadedModel, load_model
 from dgrpo.learner.sampler import SeededGumbelProcessor
 from dgrpo.learner.schedule import round_lr
+from dgrpo.learner.tokens import FolderTokenizer, canonical, text_ids
 from dgrpo.protocol.messages import SamplingParams
 
 # Generation seeds torch's global RNG; several learners in one process (a simulation) must not interleave
@@ -39,71 +46,6 @@ def cache_argument(model: Any) -> str:
     read from the underlying transformers model (a peft model passes it through as a keyword)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-@dataclass(frozen=True)
-class TrainSample:
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]
-    advantage: float
-
-
-@dataclass(frozen=True)
-class StepStats:
-    loss: float
-    grad_norm: float
-    sequences: int
-    tokens: int
-    seconds: float
-
-
-class _Tokenizer:
-    """A tokenizer named by the folder it came from, as a cache key: several learners of one model in a
-    process (a simulation's nodes) tokenise the same exchanged strings, and the result depends on the folder
-    alone."""
-
-    def __init__(self, key: tuple[str, str | None], tokenizer: Any) -> None:
-        self.key = key
-        self.tokenizer = tokenizer
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Tokenizer) and other.key == self.key
-
-
-@functools.lru_cache(maxsize=4096)
-def _text_ids(tok: _Tokenizer, text: str) -> tuple[int, ...]:
-    return tuple(tok.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-@functools.lru_cache(maxsize=4096)
-def _canonical(tok: _Tokenizer, text: str) -> str:
-    return str(tok.tokenizer.decode(list(_text_ids(tok, text)), skip_special_tokens=True))
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    """One call of :meth:`Learner.generate`: ``n`` completions of each prompt, sampled with ``sampling``."""
-
-    prompts: tuple[str, ...]
-    n: int
-    sampling: SamplingParams
-    greedy: bool = False
-    batch_rows: int = 64
-    seeds: tuple[tuple[int, ...], ...] | None = None
-
-    @property
-    def rows(self) -> int:
-        return len(self.prompts) * self.n
-
-
-# A sampled completion: its text and the token ids it was sampled as, up to its end-of-sequence.
-Sampled = tuple[str, tuple[int, ...]]
-# (prompt ids, completion ids) pairs, and their teacher-forced (logits [B, T, V], ids [B, T], mask [B, T])
-ForcedSamples = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
-ForcedLogits = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class Batcher(Protocol):
@@ -158,7 +100,7 @@ class Learner:
         eos = self.model.generation_config.eos_token_id
         self.eos_ids: tuple[int, ...] = tuple(eos) if isinstance(eos, list) else (int(eos),)
         self.pad_id = int(self.tokenizer.pad_token_id)
-        self._tok = _Tokenizer((str(self.loaded.source), model_cfg.gguf_file), self.tokenizer)
+        self._tok = FolderTokenizer((str(self.loaded.source), model_cfg.gguf_file), self.tokenizer)
         # (tensors' versions, digest): kept only where every change of the weights is an in-place torch op that
         # torch counts (a simulation's pool sets this); a write through ``.data`` is not counted.
         self.keep_digest = False
@@ -197,7 +139,7 @@ class Learner:
 
     def encode_completion(self, text: str, max_new_tokens: int) -> tuple[int, ...]:
         """Token ids to train on for a completion string (see module docstring for the EOS rule)."""
-        ids = list(_text_ids(self._tok, text))[:max_new_tokens]
+        ids = list(text_ids(self._tok, text))[:max_new_tokens]
         if len(ids) < max_new_tokens:
             ids.append(self.eos_ids[0])
         return tuple(ids)
@@ -206,7 +148,7 @@ class Learner:
         """``decode(encode(text))``, decoded as generated completions are. A completion that differs from
         it holds characters the tokenizer drops or rewrites: the learner and the model checks would see
         other text than the reward reads (``non_canonical``, ``docs/protocol.md``)."""
-        return _canonical(self._tok, text)
+        return canonical(self._tok, text)
 
     def sampled(self, ids: Sequence[int]) -> Sampled:
         """A generated row's (text, token ids up to its first end-of-sequence)."""

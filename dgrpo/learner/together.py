@@ -17,7 +17,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from dgrpo.learner.learner import GenerateRequest, Learner, Sampled
+from dgrpo.learner.batch import GenerateRequest, Sampled
+from dgrpo.learner.learner import Learner
 from dgrpo.learner.sampler import SeededGumbelProcessor
 
 

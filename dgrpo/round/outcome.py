@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dgrpo.learner.learner import StepStats
+from dgrpo.learner.batch import StepStats
 from dgrpo.protocol.messages import Rollout
 from dgrpo.tasks.base import Prompt
 

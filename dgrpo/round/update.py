@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dgrpo.learner.learner import Learner, StepStats, TrainSample
+from dgrpo.learner.batch import StepStats, TrainSample
+from dgrpo.learner.learner import Learner
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.round.outcome import ScoredCompletion
 

@@ -33,16 +33,8 @@ from typing import Any
 
 import torch
 
-from dgrpo.learner.learner import (
-    TORCH_LOCK,
-    ForcedLogits,
-    ForcedSamples,
-    GenerateRequest,
-    Learner,
-    Sampled,
-    StepStats,
-    TrainSample,
-)
+from dgrpo.learner.batch import ForcedLogits, ForcedSamples, GenerateRequest, Sampled, StepStats, TrainSample
+from dgrpo.learner.learner import TORCH_LOCK, Learner
 from dgrpo.learner.together import fits_one_pass, generate_together, together_key
 
 

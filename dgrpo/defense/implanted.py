@@ -1,0 +1,101 @@
+"""Which of an author's completions share one meaning far beyond chance: the statistic of ``meaning``.
+
+Each completion's free text is a set of *pieces* (its units and their short word windows,
+:func:`dgrpo.defense.free_text.pieces`), each a unit vector in the author's model's frame. A payload of a few
+words inside other free text (issue 28: no longer than the honest text, on part of the attacker's completions)
+is diluted in its unit's mean but is one piece whole. Piece ``u`` is *close* to a completion ``d`` when the
+nearest of ``d``'s ``m`` pieces of about ``u``'s length is nearer than the ``quantile ** (1 / m)`` quantile of
+``u``'s similarities to the null's pieces of that length: the best of ``m`` independent draws from the null
+passes it with probability ``1 - quantile``, so "close" means the same to a completion of many pieces as to one
+of few (a completion with a longer free text is not closer to everything), whatever ``u`` is. A *core* piece
+is close to at least ``core_fraction`` of the author's completions for other prompts, ``min_neighbors`` at
+least, with binomial odds below ``alpha``; its completion and those it is close to are implanted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dgrpo.defense.odds import binomial_tail
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """Pieces as rows: ``vectors`` [n, d] (unit length, centred), and per row its word count and completion
+    (an index; for the author's pieces also the prompt, so that a completion is never compared with one for
+    the same prompt: the same question gives honest authors the same words)."""
+
+    vectors: torch.Tensor
+    words: torch.Tensor
+    completion: torch.Tensor
+    prompt: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    quantile: float = 0.95
+    min_similarity: float = 0.3
+    min_neighbors: int = 4
+    core_fraction: float = 0.5
+    alpha: float = 1e-6
+    min_null: int = 16
+
+
+def like_length(words: torch.Tensor, w: int) -> torch.Tensor:
+    """Pieces of about ``w`` words: a longer piece of a word salad is nearer any other long one."""
+    return (words - w).abs() <= max(1, w // 2)
+
+
+def weighted_quantile(values: torch.Tensor, weights: torch.Tensor, q: float) -> float:
+    """The smallest value with at least ``q`` of the total weight at or below it."""
+    order = torch.argsort(values)
+    cumulative = torch.cumsum(weights[order].double(), 0)
+    i = int(torch.searchsorted(cumulative, q * float(cumulative[-1])).clamp(max=len(values) - 1))
+    return float(values[order][i])
+
+
+def piece_limit(base: torch.Tensor, weights: torch.Tensor, m: int, t: Thresholds) -> float:
+    """The similarity the best of ``m`` pieces must reach to be *close*: the best of ``m`` independent draws
+    from ``base`` (a piece's similarities to the null's pieces, each null completion weighing one in all: an
+    author sending many pieces does not make the null its own) passes it with probability ``1 - quantile``
+    (overlapping windows are not independent, which only makes "close" rarer by chance)."""
+    return max(t.min_similarity, weighted_quantile(base, weights, t.quantile ** (1.0 / m)))
+
+
+def implanted(author: Pieces, null: Pieces, t: Thresholds) -> dict[int, int]:
+    """The author's implanted completions (indices as in ``author.completion``), each with the size of the
+    largest cluster it is in."""
+    out: dict[int, int] = {}
+    n_completions = int(author.completion.max()) + 1 if len(author.completion) else 0
+    if n_completions <= t.min_neighbors:
+        return out
+    codes = {p: i for i, p in enumerate(dict.fromkeys(author.prompt))}
+    prompt = torch.tensor([codes[p] for p in author.prompt], dtype=torch.long)
+    for a in range(len(author.vectors)):
+        u = author.vectors[a]
+        w = int(author.words[a])
+        alike = like_length(null.words, w)
+        if len(set(null.completion[alike].tolist())) < t.min_null:
+            continue
+        base = null.vectors[alike] @ u
+        in_null = null.completion[alike]
+        weights = 1.0 / torch.bincount(in_null)[in_null].double()
+        mask = like_length(author.words, w) & (prompt != prompt[a])
+        if not bool(mask.any()):
+            continue
+        groups = author.completion[mask]
+        best = torch.full((n_completions,), -2.0).scatter_reduce(0, groups, (author.vectors[mask] @ u), reduce="amax")
+        count = torch.bincount(groups, minlength=n_completions)
+        peers = sorted(set(groups.tolist()))
+        limits = {m: piece_limit(base, weights, m, t) for m in set(count[peers].tolist())}
+        close = [c for c in peers if float(best[c]) >= limits[int(count[c])]]
+        if len(close) < t.min_neighbors or len(close) < t.core_fraction * len(peers):
+            continue
+        if binomial_tail(len(close), len(peers), 1.0 - t.quantile) >= t.alpha:
+            continue
+        for c in (int(author.completion[a]), *close):
+            out[c] = max(out.get(c, 0), len(close) + 1)
+    return out
