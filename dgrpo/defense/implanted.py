@@ -67,35 +67,46 @@ def piece_limit(base: torch.Tensor, weights: torch.Tensor, m: int, t: Thresholds
 
 def implanted(author: Pieces, null: Pieces, t: Thresholds) -> dict[int, int]:
     """The author's implanted completions (indices as in ``author.completion``), each with the size of the
-    largest cluster it is in."""
+    largest cluster it is in. Pieces of one length are judged together (one matrix product each)."""
     out: dict[int, int] = {}
     n_completions = int(author.completion.max()) + 1 if len(author.completion) else 0
     if n_completions <= t.min_neighbors:
         return out
     codes = {p: i for i, p in enumerate(dict.fromkeys(author.prompt))}
     prompt = torch.tensor([codes[p] for p in author.prompt], dtype=torch.long)
-    for a in range(len(author.vectors)):
-        u = author.vectors[a]
-        w = int(author.words[a])
+    completion_prompt = torch.zeros(n_completions, dtype=torch.long).scatter(0, author.completion, prompt)
+    for w in sorted(set(author.words.tolist())):
+        rows = (author.words == w).nonzero().squeeze(1)
         alike = like_length(null.words, w)
-        if len(set(null.completion[alike].tolist())) < t.min_null:
-            continue
-        base = null.vectors[alike] @ u
         in_null = null.completion[alike]
+        if len(torch.unique(in_null)) < t.min_null:
+            continue
+        # each row's limits: the weighted quantiles q^(1/m) of its similarities to the null's pieces
         weights = 1.0 / torch.bincount(in_null)[in_null].double()
-        mask = like_length(author.words, w) & (prompt != prompt[a])
-        if not bool(mask.any()):
-            continue
-        groups = author.completion[mask]
-        best = torch.full((n_completions,), -2.0).scatter_reduce(0, groups, (author.vectors[mask] @ u), reduce="amax")
-        count = torch.bincount(groups, minlength=n_completions)
-        peers = sorted(set(groups.tolist()))
-        limits = {m: piece_limit(base, weights, m, t) for m in set(count[peers].tolist())}
-        close = [c for c in peers if float(best[c]) >= limits[int(count[c])]]
-        if len(close) < t.min_neighbors or len(close) < t.core_fraction * len(peers):
-            continue
-        if binomial_tail(len(close), len(peers), 1.0 - t.quantile) >= t.alpha:
-            continue
-        for c in (int(author.completion[a]), *close):
-            out[c] = max(out.get(c, 0), len(close) + 1)
+        base, order = (author.vectors[rows] @ null.vectors[alike].T).sort(dim=1)
+        cumulative = weights[order].cumsum(dim=1)
+        mine = like_length(author.words, w)
+        groups = author.completion[mine]
+        count = torch.bincount(groups, minlength=n_completions)  # a completion's pieces of about w words
+        ms = sorted(set(count[count > 0].tolist()))
+        levels = torch.tensor([t.quantile ** (1.0 / m) for m in ms], dtype=torch.float64)
+        at = torch.searchsorted(cumulative, levels[None, :] * cumulative[:, -1:]).clamp(max=base.shape[1] - 1)
+        limits = base.gather(1, at).clamp(min=t.min_similarity)  # [rows, len(ms)]
+        level = torch.zeros(max(ms) + 1, dtype=torch.long)
+        level[ms] = torch.arange(len(ms))
+        limit = limits[:, level[count]]  # [rows, completions]
+        sims = author.vectors[rows] @ author.vectors[mine].T
+        best = torch.full((len(rows), n_completions), -2.0).scatter_reduce(
+            1, groups.expand(len(rows), -1), sims, reduce="amax"
+        )
+        peer = (count > 0)[None, :] & (completion_prompt[None, :] != prompt[rows][:, None])
+        close = peer & (best >= limit)
+        n_close, n_peer = close.sum(1), peer.sum(1)
+        core = (n_close >= t.min_neighbors) & (n_close >= t.core_fraction * n_peer)
+        for i in core.nonzero().squeeze(1).tolist():
+            k, n = int(n_close[i]), int(n_peer[i])
+            if binomial_tail(k, n, 1.0 - t.quantile) >= t.alpha:
+                continue
+            for c in (int(author.completion[rows[i]]), *close[i].nonzero().squeeze(1).tolist()):
+                out[c] = max(out.get(c, 0), k + 1)
     return out
