@@ -21,8 +21,9 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from dgrpo.config import LearnerConfig, ModelConfig
+from dgrpo.learner.batch import TrainSample
 from dgrpo.learner.grpo import group_advantages
-from dgrpo.learner.learner import Learner, TrainSample
+from dgrpo.learner.learner import Learner
 from dgrpo.protocol.messages import SamplingParams
 from dgrpo.tasks import get_task
 
