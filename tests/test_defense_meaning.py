@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections import Counter
 
 import pytest
 import torch
@@ -254,3 +255,57 @@ def test_real_encoder_short_payload_inside_honest_text_on_half_the_completions()
     honest = [not v.accept for c, v in zip(cs, verdicts, strict=True) if c.author == "a"]
     assert len(stopped) >= 20 and sum(stopped) / len(stopped) >= 0.9
     assert sum(honest) / len(honest) <= 0.05
+
+
+def implanted_one_by_one(author: Pieces, null: Pieces, t: Thresholds) -> dict[int, int]:
+    """The rule read literally, one piece at a time: what the batched ``implanted`` must agree with."""
+    out: dict[int, int] = {}
+    n_completions = int(author.completion.max()) + 1
+    if n_completions <= t.min_neighbors:
+        return out
+    for a in range(len(author.vectors)):
+        u, w = author.vectors[a], int(author.words[a])
+        alike = [j for j in range(len(null.vectors)) if abs(int(null.words[j]) - w) <= max(1, w // 2)]
+        if len({int(null.completion[j]) for j in alike}) < t.min_null:
+            continue
+        per_completion = Counter(int(null.completion[j]) for j in alike)
+        base = torch.stack([null.vectors[j] @ u for j in alike])
+        weights = torch.tensor([1.0 / per_completion[int(null.completion[j])] for j in alike], dtype=torch.float64)
+        peers: dict[int, list[float]] = {}
+        for b in range(len(author.vectors)):
+            if author.prompt[b] != author.prompt[a] and abs(int(author.words[b]) - w) <= max(1, w // 2):
+                peers.setdefault(int(author.completion[b]), []).append(float(author.vectors[b] @ u))
+        close = [c for c, sims in peers.items() if max(sims) >= piece_limit(base, weights, len(sims), t)]
+        if len(close) < t.min_neighbors or len(close) < t.core_fraction * len(peers):
+            continue
+        if binomial_tail(len(close), len(peers), 1.0 - t.quantile) >= t.alpha:
+            continue
+        for c in (int(author.completion[a]), *close):
+            out[c] = max(out.get(c, 0), len(close) + 1)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_implanted_agrees_with_the_rule_read_one_piece_at_a_time(seed: int) -> None:
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    axis = torch.randn(16, generator=g)
+
+    def pieces_of(n: int, prompts: bool, share: float) -> Pieces:
+        per = [rng.randint(1, 5) for _ in range(n)]
+        vectors = torch.randn(sum(per), 16, generator=g)
+        completion = torch.tensor([c for c, k in enumerate(per) for _ in range(k)])
+        for i, c in enumerate(completion.tolist()):
+            if (rng.random() < share and i == 0) or (i > 0 and completion[i - 1] != c and rng.random() < share):
+                vectors[i] += 4 * axis  # one payload piece in a share of the completions
+        words = torch.tensor([rng.randint(1, 5) for _ in range(sum(per))])
+        names = [f"p{c % 9}" for c in completion.tolist()] if prompts else []
+        return Pieces(torch.nn.functional.normalize(vectors, dim=-1), words, completion, names)
+
+    author = pieces_of(30, True, rng.random())
+    null = pieces_of(rng.randint(12, 40), False, 0.0)
+    t = Thresholds(
+        quantile=rng.choice([0.9, 0.95, 0.99]), min_similarity=rng.choice([0.0, 0.25]),
+        core_fraction=rng.choice([0.2, 0.4]), alpha=rng.choice([1e-3, 1e-6]), min_null=8,
+    )  # fmt: skip
+    assert implanted(author, null, t) == implanted_one_by_one(author, null, t)

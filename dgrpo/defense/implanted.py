@@ -49,12 +49,15 @@ def like_length(words: torch.Tensor, w: int) -> torch.Tensor:
     return (words - w).abs() <= max(1, w // 2)
 
 
-def weighted_quantile(values: torch.Tensor, weights: torch.Tensor, q: float) -> float:
-    """The smallest value with at least ``q`` of the total weight at or below it."""
-    order = torch.argsort(values)
-    cumulative = torch.cumsum(weights[order].double(), 0)
-    i = int(torch.searchsorted(cumulative, q * float(cumulative[-1])).clamp(max=len(values) - 1))
-    return float(values[order][i])
+def row_limits(sims: torch.Tensor, weights: torch.Tensor, levels: Sequence[float], floor: float) -> torch.Tensor:
+    """For each row of ``sims`` [rows, n] (a piece's similarities to the null's n pieces, piece j weighing
+    ``weights[j]``), its weighted quantile at each of ``levels``: the smallest similarity with at least that share
+    of the weight at or below it, never below ``floor``. [rows, len(levels)]."""
+    base, order = sims.sort(dim=1)
+    cumulative = weights.double()[order].cumsum(dim=1)
+    share = torch.tensor(list(levels), dtype=torch.float64)[None, :] * cumulative[:, -1:]
+    at = torch.searchsorted(cumulative, share).clamp(max=sims.shape[1] - 1)
+    return base.gather(1, at).clamp(min=floor)
 
 
 def piece_limit(base: torch.Tensor, weights: torch.Tensor, m: int, t: Thresholds) -> float:
@@ -62,7 +65,7 @@ def piece_limit(base: torch.Tensor, weights: torch.Tensor, m: int, t: Thresholds
     from ``base`` (a piece's similarities to the null's pieces, each null completion weighing one in all: an
     author sending many pieces does not make the null its own) passes it with probability ``1 - quantile``
     (overlapping windows are not independent, which only makes "close" rarer by chance)."""
-    return max(t.min_similarity, weighted_quantile(base, weights, t.quantile ** (1.0 / m)))
+    return float(row_limits(base[None, :], weights, [t.quantile ** (1.0 / m)], t.min_similarity)[0, 0])
 
 
 def implanted(author: Pieces, null: Pieces, t: Thresholds) -> dict[int, int]:
@@ -81,17 +84,13 @@ def implanted(author: Pieces, null: Pieces, t: Thresholds) -> dict[int, int]:
         in_null = null.completion[alike]
         if len(torch.unique(in_null)) < t.min_null:
             continue
-        # each row's limits: the weighted quantiles q^(1/m) of its similarities to the null's pieces
-        weights = 1.0 / torch.bincount(in_null)[in_null].double()
-        base, order = (author.vectors[rows] @ null.vectors[alike].T).sort(dim=1)
-        cumulative = weights[order].cumsum(dim=1)
         mine = like_length(author.words, w)
         groups = author.completion[mine]
         count = torch.bincount(groups, minlength=n_completions)  # a completion's pieces of about w words
         ms = sorted(set(count[count > 0].tolist()))
-        levels = torch.tensor([t.quantile ** (1.0 / m) for m in ms], dtype=torch.float64)
-        at = torch.searchsorted(cumulative, levels[None, :] * cumulative[:, -1:]).clamp(max=base.shape[1] - 1)
-        limits = base.gather(1, at).clamp(min=t.min_similarity)  # [rows, len(ms)]
+        weights = 1.0 / torch.bincount(in_null)[in_null].double()  # each null completion weighs one
+        sims_null = author.vectors[rows] @ null.vectors[alike].T
+        limits = row_limits(sims_null, weights, [t.quantile ** (1.0 / m) for m in ms], t.min_similarity)
         level = torch.zeros(max(ms) + 1, dtype=torch.long)
         level[ms] = torch.arange(len(ms))
         limit = limits[:, level[count]]  # [rows, completions]
