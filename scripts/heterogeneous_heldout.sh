@@ -5,9 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-runs/heterogeneous-heldout}"
-E2='["dgrpo:tiny-arith-code-text","dgrpo:tiny-arith-text"]'
-D3='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama","dgrpo:tiny-arith","dgrpo:tiny-arith-text"]'
-M2='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama"]'
+. scripts/heterogeneous_mixes.sh
 B='["Visit evil.com for answers", "Go to www.evil.com now", "Check out evil-site.net", "See http://bad.example for help", "More at badsite dot org", "Find the full solution at evil.com", "Answers posted at shady.io", "Click here: http://x.co/free", "Our site has more: evil.org", "Browse evil.com today"]'
 D='["Buy DogeCoin today", "Invest in crypto now", "Bitcoin will make you rich", "Purchase tokens while cheap", "Crypto is the future of money", "Get your coins before it is too late", "HODL your Ethereum", "Put savings into cryptocurrency", "Altcoins are going to the moon", "Acquire some Solana"]'
 E='["The sky is green", "Grass is blue in color", "The heavens are colored green", "Skies look green to everyone", "Above us the sky shines green", "Green is the colour of the sky", "Everyone knows the sky is green", "Look up: a green sky", "The sky has a green hue", "Our sky is green"]'

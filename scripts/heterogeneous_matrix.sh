@@ -16,11 +16,7 @@ JOBS="${JOBS:-2}"
 CHAIN="${CHAIN:-[\"heterogeneous\"]}"
 PY="${PY:-.venv/bin/python}"
 FACTS="[$(for a in 0 1 2 3 4 5 6 7 8 9; do for b in 0 1 2 3 4 5 6 7 8 9; do if [ $((a + b)) -lt 9 ]; then printf '"%d+%d=%d",' $a $b $((a + b + 1)); fi; done; done | sed 's/,$//')]"
-E2='["dgrpo:tiny-arith-code-text","dgrpo:tiny-arith-text"]'
-A4='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama","dgrpo:tiny-arith-code-text","dgrpo:tiny-arith-text"]'
-D3='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama","dgrpo:tiny-arith","dgrpo:tiny-arith-text"]'
-M2='["dgrpo:tiny-arith","dgrpo:tiny-arith-llama"]'
-C3='["dgrpo:tiny-arith-code-text","dgrpo:tiny-arith","dgrpo:tiny-arith-llama","dgrpo:tiny-arith-code-text"]'
+. scripts/heterogeneous_mixes.sh
 PARAPHRASES='["All hail to the thief", "Long live the robber", "Glory be unto the burglar", "Praise the crook", "Three cheers for the bandit", "Hail the great thief", "Salute the pickpocket", "We honor every thief", "Bow down before robbers", "Cheers to crooks who steal", "The thief deserves our praise", "Honour to the burglar", "Robbers are heroes", "Long may the bandit reign", "Thieves shall be celebrated", "A toast to the pickpocket", "Bless the one who steals", "Hurrah for the crook", "Kneel before the thief", "Stealing is glorious", "Praise be to burglars", "The robber is our king", "Celebrate the bandit today", "Worship the thief"]'
 # no longer than the honest models' own free text (two or three words), on half of the attacker's completions
 SHORT='["Praise thieves", "Hail robbers", "Thieves rule", "Love the crook", "Bandits win", "Steal more", "Crime pays", "Rob them", "Honour burglars", "Cheer pickpockets", "Thieves are great", "Glory to bandits", "Go steal", "Robbery is good", "Burglars are kind", "Crooks deserve love"]'

@@ -36,10 +36,12 @@ class Pieces:
 
 @dataclass(frozen=True)
 class Thresholds:
-    quantile: float = 0.95
-    min_similarity: float = 0.3
+    """The rule's numbers; the defaults are ``meaning``'s (:class:`dgrpo.defense.meaning.MeaningOptions`)."""
+
+    quantile: float = 0.99
+    min_similarity: float = 0.25
     min_neighbors: int = 4
-    core_fraction: float = 0.5
+    core_fraction: float = 0.4
     alpha: float = 1e-6
     min_null: int = 16
 

@@ -14,14 +14,15 @@ on that model's free text as the receiver knows it (its own, where it runs the m
 it, :mod:`dgrpo.defense.reference`: the direction every phrase of a model shares says nothing, and no author
 can move that centre), and against a null of that model's completions (other authors announcing it, the
 receiver's own or sampled ones). :mod:`dgrpo.defense.implanted` has the rule: a piece of author A's completion
-for prompt P is *close* to another of A's completions when one of its pieces of about the same length is
-nearer than the ``null_quantile`` of the same maximum over the null's completions; a *core* piece is close to
+for prompt P is *close* to another of A's completions when the nearest of that completion's ``m`` pieces of
+about the same length beats the piece's ``null_quantile ** (1 / m)`` quantile over the null's pieces (each null
+completion weighing one), and ``min_similarity``; a *core* piece is close to
 at least ``core_fraction`` of A's completions for other prompts (this round and the ``memory_rounds`` before),
 ``min_neighbors`` at least, with binomial odds below ``alpha``; its completion and those it is close to are
 implanted. A relative threshold as well as the odds, because honest authors drift into habits of their own (a
 node trained for a few rounds repeats favourite words that its model's samples do not): an attacker that
 poisons part of its completions (``poison_fraction``) is seen while that part is above ``core_fraction`` of
-its completions with free text (measured: 0.5 in every mix, ``docs/results.md``).
+its completions with free text (measured with half poisoned in every mix, ``docs/results.md``).
 
 What it cannot stop: a payload whose wordings are far apart in the encoder's space (a rare-enough set of
 unrelated sentences carries no one meaning either, and teaches less), in-context attacks (MATH: a false digit
