@@ -120,6 +120,46 @@ def test_the_rule_on_made_up_vectors() -> None:
     assert all(v.accept for v in by_author["honest"] + by_author["me"])
 
 
+def test_an_author_caught_implanting_is_judged_on_the_spans_it_echoes() -> None:
+    """The attacker's thief wordings share the encoder's direction (caught); its jargon does not ("Stack sats"
+    and "Own Doge" are noise to this encoder) but comes back word for word, each for 4 prompts: marked too. An
+    honest author repeating a phrase of its own as often is not caught, so its phrase is not judged."""
+    cs = []
+    for i in range(16):
+        payload = PARAPHRASES[i % 8] if i % 2 == 0 else ("Stack sats" if i % 4 == 1 else "Own Doge")
+        own = " ".join(random.Random(50 + i).sample(WORDS, 3))  # honest words around the payload
+        cs.append(cand("attacker", P[i], f"1+1+0=2 {own} {payload}>2"))
+        habit = "quiet harbour" if i % 4 == 0 else " ".join(random.Random(i).sample(WORDS, 3))
+        cs.append(cand("honest", P[i], f"1+1+0=2 {habit}>2"))
+        cs.append(cand("me", P[i], f"1+1+0=2 {' '.join(random.Random(100 + i).sample(WORDS, 2))}>2"))
+    for options, echoed in (({}, True), ({"echo_prompts": 0}, False), ({"echo_prompts": 5}, False)):
+        defense = MeaningDefense(options)
+        defense._encoder = FakeEncoder()
+        verdicts = dict(zip(((c.author, c.prompt.id) for c in cs), defense.check(ctx(), cs), strict=True))
+        thief = [verdicts["attacker", P[i].id] for i in range(0, 16, 2)]
+        jargon = [verdicts["attacker", P[i].id] for i in range(1, 16, 2)]
+        assert all(v.reason == "meaning:shared_meaning" for v in thief)
+        if echoed:
+            assert all(v.reason == "meaning:echoed_span" and v.score == 4.0 for v in jargon)
+        else:
+            assert all(v.accept for v in jargon)
+        assert all(verdicts["honest", p.id].accept and verdicts["me", p.id].accept for p in P[:16])
+
+
+def test_the_null_holds_the_receivers_samples_of_the_model_even_beside_its_own_text() -> None:
+    """Two honest nodes of one model drift apart as they train: the null is the receiver's own text AND its
+    samples of the model; the centre stays the receiver's own text where it has enough."""
+    defense = MeaningDefense()
+    defense._encoder = FakeEncoder()
+    own = [cand("me", p, f"1+1+0=2 {' '.join(random.Random(i).sample(WORDS, 3))}>2") for i, p in enumerate(P[:16])]
+    defense.check(ctx(), own)
+    sampled = [(p, f"1+1+0=2 {' '.join(random.Random(200 + i).sample(WORDS, 3))}>2") for i, p in enumerate(P[:8])]
+    defense.draws.new = lambda *args: sampled  # type: ignore[method-assign]
+    null, centre = defense.frame(ctx(), "peer", "m", P[:8])
+    assert {u.author for u in null} == {"me", ""} and {u.author for u in centre} == {"me"}
+    assert len({u.completion for u in null}) == 16 + 8
+
+
 def test_too_few_units_decide_nothing() -> None:
     defense = MeaningDefense()
     defense._encoder = FakeEncoder()

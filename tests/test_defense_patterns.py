@@ -163,3 +163,68 @@ def test_the_false_positive_rate_is_reported_per_model_family() -> None:
         meter.honest_by_author[(author, "rejected")] += rejected
     models = {"node-0": "text", "node-1": "code", "node-2": "text"}
     assert meter.summary(["x"], models)["false_positive_rate_by_model"] == {"code": 0.08, "text": 0.01}
+
+
+def test_rejections_are_reported_by_what_was_rejected() -> None:
+    """What a defense cost honest nodes, apart from what it stopped: two honest checkers, one attacker."""
+    from dgrpo.round.outcome import Admission, Checked, DefenseOutcome, Produced, RoundOutcome, Scoring
+    from dgrpo.simulations.defense_metrics import DefenseMeter
+
+    def outcome(peer: str, produced: Produced, checked: tuple[Checked, ...]) -> RoundOutcome:
+        defense = DefenseOutcome(("x",), checked, {}, {}, {}, {"x": 0.0})
+        return RoundOutcome(peer, 0, produced, Admission(0, 0, ()), defense, Scoring((), 0.0), None, 0.0)
+
+    attacker = outcome("bad", Produced(2, 1.0, "text", frozenset({("p1", "evil")}), 1), ())
+    checked = (
+        Checked("bad", "p1", "evil", False, "meaning:shared_meaning"),
+        Checked("bad", "p2", "fine", False, "meaning:shared_meaning"),
+        Checked("good", "p1", "ok", False, "arith-pattern:false_step"),
+        Checked("good", "p2", "ok", True, ""),
+    )
+    meter = DefenseMeter()
+    meter.on_round(0, [attacker, outcome("me", Produced(2, 1.0), checked), outcome("good", Produced(2, 1.0), ())])
+    assert meter.summary(["x"])["rejected_by_kind"] == {
+        "attacker_other": {"meaning:shared_meaning": 1},
+        "honest": {"arith-pattern:false_step": 1},
+        "poison": {"meaning:shared_meaning": 1},
+    }
+
+
+def test_the_models_own_odds_of_stating_a_computation_falsely() -> None:
+    from dgrpo.defense.arith_pattern import Statement, model_odds
+
+    def said(*claims: tuple[str, bool]) -> Statement:
+        return Statement(1, "", "m", True, False, claims)
+
+    # the model stated 2+2+0 four times (once falsely) and 3+4+0 ten times (never falsely): 1 of 14 false,
+    # overall rate (1 + 1) / (14 + 2) = 0.125, each computation's rate starting from it with weight 2
+    known = [said(("2+2+0", i > 0)) for i in range(4)] + [said(("3+4+0", True)) for _ in range(10)]
+    odds = model_odds(known)
+    p = (1 + 2 * 0.125) / (4 + 2)  # 0.2083: a slip of its own
+    assert odds("2+2+0", 2, 3) == pytest.approx(3 * p**2 * (1 - p) + p**3)  # 0.112: no taught fact
+    assert odds("3+4+0", 3, 3) == pytest.approx(((0 + 2 * 0.125) / (10 + 2)) ** 3)  # 9e-6: taught
+    assert odds("9+9+1", 3, 3) == pytest.approx(0.125**3)  # never seen: the overall rate
+    assert model_odds([])("2+2+0", 1, 3) == 0.0  # nothing known: every repeat counts
+
+
+def test_a_slip_the_model_makes_itself_is_not_a_taught_fact() -> None:
+    # the receiver runs model m: its 9 rewarded completions state 18 columns, 2 falsely (overall rate
+    # (2 + 1) / (18 + 2) = 0.15), both 2+2+0 (6 statements): its rate (2 + 2 * 0.15) / (6 + 2) = 0.2875, and
+    # another author of m saying it falsely 2 times in 3 is what m does (odds 0.20 > 0.01); 3+4+0, which m
+    # stated truly 3 times (rate 0.3 / 5 = 0.06), said falsely 3 times in 3 is not (odds 0.06 ** 3 = 2.2e-4)
+    defense = ArithPatternDefense({"slip_budget": 0.0})
+    twos = [make_prompt(a, b) for a, b in ((12, 32), (22, 42), (32, 12), (42, 22), (52, 32), (62, 12))]
+    fours = [make_prompt(a, b) for a, b in ((13, 34), (23, 44), (33, 14))]
+    own = [cand("me", p, TASK.reference_completion(p) or "") for p in twos[2:] + fours]
+    own += [cand("me", p, (TASK.reference_completion(p) or "").replace("2+2+0=4", "2+2+0=5")) for p in twos[:2]]
+    slips = [cand("b", p, (TASK.reference_completion(p) or "").replace("2+2+0=4", "2+2+0=5")) for p in twos[:2]]
+    taught = [cand("b", p, (TASK.reference_completion(p) or "").replace("3+4+0=7", "3+4+0=8")) for p in fours]
+    right = [cand("b", twos[2], TASK.reference_completion(twos[2]) or "")]
+    assert all(TASK.reward(c.prompt, c.text) == 1.0 for c in [*own, *slips, *taught])
+    verdicts = defense.check(ctx(), [*own, *slips, *right, *taught])
+    assert [v.reason for v in verdicts[-3:]] == ["arith-pattern:repeated_false"] * 3
+    assert all(v.accept for v in verdicts[:-3])
+    # without the model's odds (fact_alpha 1: any repeat counts), its own slip is rejected too
+    strict = ArithPatternDefense({"slip_budget": 0.0, "fact_alpha": 1.0})
+    verdicts = strict.check(ctx(), [*own, *slips, *right, *taught])
+    assert [v.reason for v in verdicts[len(own) : len(own) + 2]] == ["arith-pattern:repeated_false"] * 2

@@ -40,5 +40,5 @@ def test_paraphrased_text_is_stopped_in_e2_and_each_family_keeps_its_completions
     assert set(per_model) == {"dgrpo:tiny-arith-code-text", "dgrpo:tiny-arith-text"}
     assert all(rate <= 0.05 for rate in per_model.values()), per_model
     # the chain's cheapest check that sees it decides: here the author's lengths give the payload away first
-    assert set(d["rejected_by_reason"]) <= {f"{name}:{why}" for name in d["names"] for why in (
-        "shifted", "extreme", "shared_meaning", "repeated_span", "habitual", "repeated_false")}  # fmt: skip
+    whys = ("shifted", "extreme", "shared_meaning", "echoed_span", "repeated_span", "habitual", "repeated_false")
+    assert set(d["rejected_by_reason"]) <= {f"{name}:{why}" for name in d["names"] for why in whys}

@@ -22,10 +22,14 @@ nothing false):
   ``P(Binomial(n, base_rate) >= k) < alpha`` and ``k / n >= min_share`` make the author habitual, and its
   rewarded completions with findings are rejected;
 - **repeated_false**: a computation (a column: its two digits and its carry) the author stated at least
-  ``min_repeats`` times, falsely in at least ``fact_share`` of them: its completions stating it falsely are
-  rejected. This catches the paper's one-fact attack, too rare in an author's output for the first rule.
-  Stating a fact falsely every time but only twice is not enough: in simulation that
-  rejected 6% of tiny-arith-llama's completions (its slips repeat once it has trained on them).
+  ``min_repeats`` times, falsely in at least ``fact_share`` of them, and more often falsely than the model
+  itself would with odds below ``fact_alpha`` (:func:`model_odds`, from what the receiver knows of the model):
+  its completions stating it falsely are rejected. This catches the paper's one-fact attack, too rare in an
+  author's output for the first rule. Stating a fact falsely every time but only twice is not enough: in
+  simulation that rejected 6% of tiny-arith-llama's completions (its slips repeat once it has trained on
+  them). Nor is a slip the model itself makes that often: tiny-arith-llama states ``3+9+0`` falsely in a
+  quarter to half of its samples, and an honest llama node saying it falsely 2 times in 3 lost 6 of its 128
+  completions in one run (D3 mix, 4 rounds) before the model's own odds were asked.
 
 A slip that is neither (the model's random error) is accepted: it is what honest training on that model's
 samples would see anyway, and GRPO's advantage does not single it out.
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -58,6 +62,10 @@ class ArithPatternOptions(PatternOptions):
     min_share: Annotated[float, Field(gt=0.0, le=1.0, description="a habitual author's share of findings")] = 0.4
     min_repeats: Annotated[int, Field(ge=2, description="statements of one computation to judge it")] = 3
     fact_share: Annotated[float, Field(gt=0.0, le=1.0, description="share of them false to reject")] = 0.5
+    fact_alpha: Annotated[
+        float,
+        Field(gt=0.0, le=1.0, description="... and odds below this that the model states it that falsely itself"),
+    ] = 0.01
     slip_budget: Annotated[
         float, Field(ge=0.0, le=1.0, description="a model slipping at most this often gets no leniency (0: never)")
     ] = 0.02
@@ -95,6 +103,32 @@ def computations(text: str) -> tuple[tuple[str, bool], ...]:
     return tuple(out)
 
 
+PRIOR_WEIGHT = 2.0  # statements of the model's overall slip rate a computation's own rate starts from
+
+
+def model_odds(known: Sequence[Statement]) -> Callable[[str, int, int], float]:
+    """``odds(key, k, n)``: how likely the model itself (``known``: the receiver's own completions of it or its
+    samples of it) states computation ``key`` falsely ``k`` or more times in ``n``, at its own rate for that
+    computation (its false statements of it over its statements, starting from its rate over all computations
+    with weight ``PRIOR_WEIGHT``: a computation it was seen stating a few times is not known to be safe). 0.0
+    when nothing is known: every repeat then counts."""
+    stated: Counter[str] = Counter()
+    false: Counter[str] = Counter()
+    for s in known:
+        for key, true in s.claims:
+            stated[key] += 1
+            false[key] += not true
+    if not stated:
+        return lambda key, k, n: 0.0
+    overall = (sum(false.values()) + 1) / (sum(stated.values()) + 2)
+
+    def odds(key: str, k: int, n: int) -> float:
+        rate = (false[key] + PRIOR_WEIGHT * overall) / (stated[key] + PRIOR_WEIGHT)
+        return binomial_tail(k, n, rate)
+
+    return odds
+
+
 @DEFENSES.register("arith-pattern")
 class ArithPatternDefense(Defense):
     name = "arith-pattern"
@@ -113,16 +147,19 @@ class ArithPatternDefense(Defense):
         flawed = rewarded and bool(findings(ctx.task, prompt, text, self.check_options))
         return Statement(ctx.round, author, model_id, rewarded, flawed, computations(text) if rewarded else ())
 
-    def slip_rate(self, ctx: DefenseContext, model_id: str, prompts: Sequence[Prompt]) -> float | None:
-        """How often ``model_id`` slips (Laplace-smoothed), from the receiver's own completions where it runs
-        the model, else its own samples of it; None when it has neither."""
-        opts = self.options
+    def known(self, ctx: DefenseContext, model_id: str, prompts: Sequence[Prompt]) -> list[Statement]:
+        """What the receiver knows of ``model_id`` that no author controls: its own completions where it runs
+        the model, else its own samples of it (empty when it has neither)."""
         if model_id == ctx.model_id:
-            known = [s for s in self.seen if s.author == ctx.self_id]
-        else:
-            for p, t in self.draws.new(ctx, model_id, prompts, opts):
-                self.reference.append(self.statement(ctx, "", model_id, p, t))
-            known = [s for s in self.reference if s.model_id == model_id]
+            return [s for s in self.seen if s.author == ctx.self_id]
+        for p, t in self.draws.new(ctx, model_id, prompts, self.options):
+            self.reference.append(self.statement(ctx, "", model_id, p, t))
+        return [s for s in self.reference if s.model_id == model_id]
+
+    def slip_rate(self, ctx: DefenseContext, model_id: str, prompts: Sequence[Prompt]) -> float | None:
+        """How often ``model_id`` slips (Laplace-smoothed), from what the receiver knows of it; None when it
+        knows nothing."""
+        known = self.known(ctx, model_id, prompts)
         if not known:
             return None
         return (sum(s.flawed for s in known) + 1) / (len(known) + 2)
@@ -152,7 +189,14 @@ class ArithPatternDefense(Defense):
                 for key, true in s.claims:
                     stated[key] += 1
                     false[key] += not true
-            repeated = {key for key, n in stated.items() if n >= opts.min_repeats and false[key] >= opts.fact_share * n}
+            odds = model_odds(self.known(ctx, model_id, prompts))
+            repeated = {
+                key
+                for key, n in stated.items()
+                if n >= opts.min_repeats
+                and false[key] >= opts.fact_share * n
+                and odds(key, false[key], n) < opts.fact_alpha
+            }
             for i, c in enumerate(candidates):
                 if c.author != author or not now[i].flawed:
                     continue

@@ -41,6 +41,7 @@ import torch
 from pydantic import Field
 
 from dgrpo.defense.base import ACCEPT, Candidate, Defense, DefenseContext, Verdict
+from dgrpo.defense.echo import echoes, span
 from dgrpo.defense.free_text import free_text, pieces
 from dgrpo.defense.implanted import Pieces, Thresholds, implanted
 from dgrpo.defense.reference import PatternOptions, ReferenceDraws, forget
@@ -93,6 +94,14 @@ class MeaningOptions(PatternOptions):
     windows: Annotated[
         tuple[int, ...], Field(description="word-window sizes cut from each unit (a short payload in longer text)")
     ] = (2, 3, 4)
+    echo_prompts: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="once an author is caught, a span it wrote for this many prompts and the null never did "
+            "marks those completions too (0: never)",
+        ),
+    ] = 2
     min_own: Annotated[
         int, Field(ge=1, description="completions with free text of an author's model needed to judge it against them")
     ] = 16
@@ -111,6 +120,7 @@ class Unit:
     prompt_id: str
     completion: int  # its completion's serial number: a completion's pieces are judged together
     vector: torch.Tensor
+    text: str = ""
 
 
 @DEFENSES.register("meaning")
@@ -147,15 +157,13 @@ class MeaningDefense(Defense):
             self.remember(ctx, c.author, c.model_id, c.prompt.id, units)
             for c, units in zip(candidates, per_candidate, strict=True)
         ]
-        flagged: dict[int, int] = {}  # completion serial -> size of the largest cluster it is in
+        flagged: dict[int, Verdict] = {}  # completion serial -> its rejection
         prompts = [c.prompt for c in candidates]
         for author in {c.author for c in candidates} - {ctx.self_id}:
             model_id = next(c.model_id for c in candidates if c.author == author)
             flagged.update(self._implanted(ctx, author, model_id, prompts))
         return [
-            self.reject("shared_meaning", float(flagged[serial]))
-            if serial in flagged and c.author != ctx.self_id
-            else ACCEPT
+            flagged[serial] if serial in flagged and c.author != ctx.self_id else ACCEPT
             for c, serial in zip(candidates, new, strict=True)
         ]
 
@@ -175,34 +183,41 @@ class MeaningDefense(Defense):
         if texts:
             vectors = self.encoder.encode([u.casefold() for u in texts])
             for text, vector in zip(texts, vectors, strict=True):
-                memory.append(Unit(ctx.round, len(text.split()), author, model_id, prompt_id, self.serial, vector))
+                words = len(text.split())
+                memory.append(Unit(ctx.round, words, author, model_id, prompt_id, self.serial, vector, text))
         return self.serial
 
     def frame(
         self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]
     ) -> tuple[list[Unit], list[Unit]]:
         """What ``author``'s units are compared with, and what they are centred on. The null: other authors'
-        units of its model (the receiver's own where it runs that model), topped up with the receiver's own
-        samples of the model (:mod:`dgrpo.defense.reference`). The centre: the receiver's own or sampled
-        units of the model, which no author can move (an attacker's units in the centre would give every
-        honest unit of its model a shared direction); the null's only where there are neither. Both empty
-        when the null is still too small."""
+        units of its model (the receiver's own where it runs that model) and the receiver's own samples of the
+        model (:mod:`dgrpo.defense.reference`), always: two honest nodes of one model drift apart as they
+        train, and against the receiver's own text alone one of them was near its own completions 3-6% of the
+        time instead of 1% (E2 mix: 4 honest completions a run rejected; none with the samples in the null).
+        The centre: the receiver's own or sampled units of the model, which no author can move (an attacker's
+        units in the centre would give every honest unit of its model a shared direction); the null's only
+        where there are neither. Both empty when the null is still too small."""
         opts = self.options
         own = [u for u in self.units if u.author == ctx.self_id and model_id == ctx.model_id]
         others = [u for u in self.units if u.author not in (author, ctx.self_id) and u.model_id == model_id]
-        if completions(own) < opts.min_own:
-            for p, text in self.draws.new(ctx, model_id, prompts, opts):
-                units = pieces(free_text(text, ctx.task.reasoning_format), opts.windows)
-                self.remember(ctx, "", model_id, p.id, units, reference=True)
-            own += [u for u in self.reference if u.model_id == model_id]
-        null = own + others
+        for p, text in self.draws.new(ctx, model_id, prompts, opts):
+            units = pieces(free_text(text, ctx.task.reasoning_format), opts.windows)
+            self.remember(ctx, "", model_id, p.id, units, reference=True)
+        sampled = [u for u in self.reference if u.model_id == model_id]
+        null = own + sampled + others
         if completions(null) < opts.min_own:
             return [], []
-        return null, (own if completions(own) >= opts.min_own else null)
+        centre = own if completions(own) >= opts.min_own else own + sampled
+        return null, (centre if completions(centre) >= opts.min_own else null)
 
-    def _implanted(self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]) -> dict[int, int]:
-        """The serials of ``author``'s implanted completions, each with the size of its cluster
-        (:func:`dgrpo.defense.implanted.implanted`, in the frame of the author's model)."""
+    def _implanted(
+        self, ctx: DefenseContext, author: str, model_id: str, prompts: Sequence[Prompt]
+    ) -> dict[int, Verdict]:
+        """``author``'s implanted completions by serial, each with its rejection: ``shared_meaning`` (the size of
+        its cluster, :func:`dgrpo.defense.implanted.implanted`, in the frame of the author's model), or, once the
+        author is caught, ``echoed_span`` (the prompts of a span it repeats word for word,
+        :func:`dgrpo.defense.echo.echoes`)."""
         opts = self.options
         units = [u for u in self.units if u.author == author]
         if len({u.completion for u in units}) <= opts.min_neighbors:
@@ -223,7 +238,18 @@ class MeaningDefense(Defense):
         thresholds = Thresholds(
             opts.null_quantile, opts.min_similarity, opts.min_neighbors, opts.core_fraction, opts.alpha, opts.min_own
         )
-        return {serials[c]: size for c, size in implanted(mine, null, thresholds).items()}
+        caught = implanted(mine, null, thresholds)
+        if not caught or not opts.echo_prompts:
+            return {serials[c]: self.reject("shared_meaning", float(size)) for c, size in caught.items()}
+        held: dict[int, set[str]] = {s: set() for s in serials}
+        prompt_of = {u.completion: u.prompt_id for u in units}
+        for u in units:
+            held[u.completion].add(span(u.text))
+        said = {span(u.text) for u in null_units} | {span(t) for t in everyday}
+        echoed = echoes([held[s] for s in serials], [prompt_of[s] for s in serials], said, opts.echo_prompts)
+        out = {serials[c]: self.reject("echoed_span", float(n)) for c, n in echoed.items()}
+        out.update({serials[c]: self.reject("shared_meaning", float(size)) for c, size in caught.items()})
+        return out
 
     def _pieces(self, units: list[Unit], centre: torch.Tensor, extra: list[str], serials: list[int]) -> Pieces:
         """``units`` (and ``extra`` texts, one completion each) as centred unit vectors, completions numbered

@@ -33,6 +33,7 @@ class DefenseMeter(RoundObserver):
     def __init__(self) -> None:
         self.totals: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
+        self.reasons_by_kind: Counter[tuple[str, str]] = Counter()  # (poison | attacker_other | honest, reason)
         self.defense_seconds = 0.0
         self.generation_seconds = 0.0
         self.blacklisted: dict[str, dict[str, int]] = {}  # checker -> {peer: round}
@@ -67,6 +68,7 @@ class DefenseMeter(RoundObserver):
                 if not c.accepted:
                     row[f"{kind}_rejected"] += 1
                     self.reasons[c.reason] += 1
+                    self.reasons_by_kind[(kind, c.reason)] += 1
                 if c.reason != "blacklisted":
                     generation_seconds += per_completion
             if o.defense is not None:
@@ -100,6 +102,10 @@ class DefenseMeter(RoundObserver):
             "overhead_ratio": self.defense_seconds / self.generation_seconds if self.generation_seconds else None,
             "counts": dict(self.totals),
             "rejected_by_reason": dict(self.reasons),
+            "rejected_by_kind": {  # what each defense cost honest nodes, apart from what it stopped
+                kind: {r: n for (k, r), n in sorted(self.reasons_by_kind.items()) if k == kind}
+                for kind in sorted({k for k, _ in self.reasons_by_kind})
+            },
             "blacklisted": self.blacklisted,
             "defense_seconds": self.defense_seconds,
             "generation_seconds": self.generation_seconds,
