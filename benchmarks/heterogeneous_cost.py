@@ -23,6 +23,7 @@ import torch
 from dgrpo.config import DefenseConfig, LearnerConfig, ModelConfig
 from dgrpo.defense.base import Candidate, DefenseContext
 from dgrpo.defense.chain import DefenseChain
+from dgrpo.defense.encoder import _ENCODERS
 from dgrpo.defense.forward import teacher_force
 from dgrpo.learner.learner import Learner
 from dgrpo.protocol.messages import SamplingParams
@@ -59,11 +60,17 @@ def measure(receiver: str, rounds: int, task: ArithTask, sp: SamplingParams) -> 
     learners = {a: Learner(ModelConfig(name=m), LearnerConfig()) for a, m in AUTHORS.items()}
     verifier = Learner(ModelConfig(name=receiver), LearnerConfig())
     chain = DefenseChain.from_config(DefenseConfig(chain=["heterogeneous"]))
+    # Each receiver pays for its own work, as a node in its own process would: no encodings or reference
+    # samples left by the receiver measured before it (both are cached per process; sharing them made the
+    # second receiver's cost look 40x smaller).
+    for encoder in _ENCODERS.values():
+        encoder.cache.clear()
+    run_id = f"bench/{receiver}"
     first = steady = forward = 0.0
     n_first = n_steady = 0
     for r in range(rounds + 1):
         cands = one_round(task, learners, sp, r)
-        ctx = DefenseContext(task, verifier, sp, "bench", r, model_id=receiver, self_id="me")
+        ctx = DefenseContext(task, verifier, sp, run_id, r, model_id=receiver, self_id="me")
         t0 = time.perf_counter()
         result = chain.run(ctx, cands)
         dt = time.perf_counter() - t0

@@ -24,7 +24,11 @@ node trained for a few rounds repeats favourite words that its model's samples d
 poisons part of its completions (``poison_fraction``) is seen while that part is above ``core_fraction`` of
 its completions with free text (measured with half poisoned in every mix, ``docs/results.md``).
 
-What it cannot stop: a payload whose wordings are far apart in the encoder's space (a rare-enough set of
+Once an author is caught, its completions holding a span it repeats word for word for other prompts, which
+the model never writes, are rejected too (``echoed_span``, :mod:`dgrpo.defense.echo`): the wordings of its
+payload the encoder does not place with the rest (jargon) come back that way.
+
+What it cannot stop: a payload whose wordings are all far apart in the encoder's space (a rare-enough set of
 unrelated sentences carries no one meaning either, and teaches less), in-context attacks (MATH: a false digit
 has no free text), DoS selections of honest samples, and a payload on fewer than ``core_fraction`` of an
 author's completions with free text (it teaches in proportion).
