@@ -106,18 +106,24 @@ def computations(text: str) -> tuple[tuple[str, bool], ...]:
 PRIOR_WEIGHT = 2.0  # statements of the model's overall slip rate a computation's own rate starts from
 
 
+def tally(statements: Sequence[Statement]) -> tuple[Counter[str], Counter[str]]:
+    """Per computation: how many times ``statements`` state it, and how many of those falsely."""
+    stated: Counter[str] = Counter()
+    false: Counter[str] = Counter()
+    for s in statements:
+        for key, true in s.claims:
+            stated[key] += 1
+            false[key] += not true
+    return stated, false
+
+
 def model_odds(known: Sequence[Statement]) -> Callable[[str, int, int], float]:
     """``odds(key, k, n)``: how likely the model itself (``known``: the receiver's own completions of it or its
     samples of it) states computation ``key`` falsely ``k`` or more times in ``n``, at its own rate for that
     computation (its false statements of it over its statements, starting from its rate over all computations
     with weight ``PRIOR_WEIGHT``: a computation it was seen stating a few times is not known to be safe). 0.0
     when nothing is known: every repeat then counts."""
-    stated: Counter[str] = Counter()
-    false: Counter[str] = Counter()
-    for s in known:
-        for key, true in s.claims:
-            stated[key] += 1
-            false[key] += not true
+    stated, false = tally(known)
     if not stated:
         return lambda key, k, n: 0.0
     overall = (sum(false.values()) + 1) / (sum(stated.values()) + 2)
@@ -183,12 +189,7 @@ class ArithPatternDefense(Defense):
             mine = [s for s in self.seen if s.author == author and s.rewarded]
             k = sum(s.flawed for s in mine)
             habitual = k >= opts.min_share * len(mine) and binomial_tail(k, len(mine), opts.base_rate) < opts.alpha
-            stated: Counter[str] = Counter()
-            false: Counter[str] = Counter()
-            for s in mine:
-                for key, true in s.claims:
-                    stated[key] += 1
-                    false[key] += not true
+            stated, false = tally(mine)
             odds = model_odds(self.known(ctx, model_id, prompts))
             repeated = {
                 key
