@@ -126,7 +126,7 @@ def sybil_daemons(
     for i in range(HONEST, n):
         state = out / f"node-{i}"
         node_identity(state)
-        overrides = node_overrides(i, n, None, "testnet", "homogeneous", [], sets, ("junk", sybils))
+        overrides = node_overrides(i, n, None, "testnet", "completions", [], sets, ("junk", sybils))
         overrides.append("rounds.min_peers=1")
         hosted.append(HostedNode(state, tuple(overrides), None, out / "node-0"))
     plan = HostPlan(tuple(hosted), tuple(tcp_address(nd) for nd in honest), 1)

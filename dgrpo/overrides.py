@@ -59,5 +59,6 @@ def explain_validation_error(exc: ValidationError, model: type[BaseModel], what:
             valid = section_keys(model, tuple(err["loc"]))
             messages.append(f"unknown {what} key {loc!r}; valid keys here: {', '.join(valid)}")
         else:
-            messages.append(f"{loc}: {err['msg']}")
+            # pydantic prefixes a validator's own message with "Value error, ", which says nothing to a user
+            messages.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     return ConfigError(f"invalid {what}: " + "; ".join(messages))

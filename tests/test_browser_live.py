@@ -72,8 +72,8 @@ def _hostile_status() -> dict[str, Any]:
         {"round": r, "mean_reward": r / 10, "accuracy": r / 20 if r % 2 else None, "time": None} for r in (1, 2, 3)
     ]
     return {
-        "peer_id": "12D3KooWme", "run_id": HOSTILE, "mode": "httt", "state": "running", "round": 4, "rounds_done": 3,
-        "peers": [HOSTILE], "connected_peers": [HOSTILE], "network": None, "mean_reward": 0.3,
+        "peer_id": "12D3KooWme", "run_id": HOSTILE, "mode": "completions", "state": "running", "round": 4,
+        "rounds_done": 3, "peers": [HOSTILE], "connected_peers": [HOSTILE], "network": None, "mean_reward": 0.3,
         "messages_accepted": 10, "messages_rejected": {"malformed": 2}, "completions_trained": 40,
         "blacklisted_peers": [], "last_errors": [f"round 3 closed without {HOSTILE}"],
         "peer_table": {"total": 1, "shown": 1, "peers": [row]}, "history": {"bound": 500, "points": points},

@@ -25,6 +25,8 @@ def test_keygen_writes_a_private_key_and_refuses_to_overwrite(tmp_path: Path) ->
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     again = runner.invoke(app, ["keygen", str(key)])
     assert again.exit_code == 2 and Identity.load(key).peer_id == peer
+    assert f"{key} exists; --force overwrites it" in again.output.replace("\n", "")
+    assert "overwrite=True" not in again.output  # a Python argument means nothing on the command line
     assert runner.invoke(app, ["keygen", str(key), "--force"]).exit_code == 0
     assert Identity.load(key).peer_id != peer
 
@@ -51,7 +53,7 @@ def test_status_reads_a_node_by_url_and_by_state_dir(tmp_path: Path) -> None:
         assert table.exit_code == 0 and "bad_signature" in table.output and "deadline" in table.output
         # not a terminal: the table keeps every column whole, one line per row (no wrap, no ellipsis at 80 columns)
         header = next(line for line in table.output.splitlines() if "node" in line and "peer" in line)
-        for column in ("state", "round", "done", "peers", "reach", "links", "accepted", "rejected", "reward"):
+        for column in ("state", "round", "done", "peers", "reach", "links", "accepted", "wire", "defense", "reward"):
             assert f" {column} " in header, header
         assert "…" not in table.output
         row = next(line for line in table.output.splitlines() if "abcdefgh" in line)
@@ -81,7 +83,7 @@ def test_testnet_adversary_spec_errors_are_clear(tmp_path: Path) -> None:
     assert too_many.exit_code == 2 and "no honest node" in too_many.output
     bad_count = runner.invoke(app, ["testnet", "up", "-n", "3", "--out", out, "--adversary", "text:x"])
     assert bad_count.exit_code == 2 and "COUNT" in bad_count.output
-    hetero = runner.invoke(app, ["testnet", "up", "-n", "3", "--out", out, "--mode", "heterogeneous",
+    hetero = runner.invoke(app, ["testnet", "up", "-n", "3", "--out", out, "--models", "heterogeneous",
                                  "--defense", "length,sampling-proof"])  # fmt: skip
     assert hetero.exit_code == 2 and "sampling-proof" in hetero.output and "own model" in hetero.output
     assert not (tmp_path / "net").exists()  # nothing was started

@@ -28,7 +28,9 @@ def test_mode_settings_and_testnet_overrides(tmp_path: Path) -> None:
     s = load_node_settings(None, settings(tmp_path, "federated.clients=3", "federation.client_index=2"))
     assert s.mode == "federated" and s.federated is not None and s.federated.clients == 3
     assert s.federation.client_index == 2 and s.federation.chunk_bytes == 128 * 1024
-    assert load_node_settings(None, [f"state_dir={str(tmp_path)!r}"]).mode == "httt"
+    assert load_node_settings(None, [f"state_dir={str(tmp_path)!r}"]).mode == "completions"
+    # the completion exchange's old name still reads (old state folders, saved settings), as the new one
+    assert load_node_settings(None, [f"state_dir={str(tmp_path)!r}", "mode='httt'"]).mode == "completions"
     with pytest.raises(ConfigError):
         load_node_settings(None, settings(tmp_path, "mode='gossip'"))
     sets = node_overrides(1, 3, 3, "net", "federated", [], [])
@@ -98,7 +100,8 @@ def test_cli_modes(tmp_path: Path) -> None:
 
     runner = CliRunner()
     bad_mode = runner.invoke(app, ["node", "run", "--mode", "gossip", "--state-dir", str(tmp_path)])
-    assert bad_mode.exit_code != 0 and "federated, httt" in bad_mode.output
+    assert bad_mode.exit_code == 2 and "valid modes: completions, federated" in bad_mode.output
+    assert "httt" not in bad_mode.output and "httt" not in runner.invoke(app, ["node", "run", "--help"]).output
     bad_topology = runner.invoke(app, ["testnet", "up", "--topology", "star", "--out", str(tmp_path)])
     assert bad_topology.exit_code != 0 and "--mode federated" in bad_topology.output
     assert "federated" in runner.invoke(app, ["testnet", "up", "--help"]).output

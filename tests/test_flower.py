@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,10 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+from typer.testing import CliRunner
 
+import dgrpo.cli
+import dgrpo.flower.local
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.federated.client import Submission
 from dgrpo.federated.server import Aggregator
@@ -107,6 +111,22 @@ def test_run_config_names_a_federated_scenario() -> None:
         scenario_of({"scenario": "fed-centralized"})
 
 
+def test_metrics_tail_hands_on_each_complete_row_once(tmp_path: Path) -> None:
+    """How ``dgrpo flower run`` sees rounds under way: new complete lines only, a half-written one later."""
+    path = tmp_path / "metrics.jsonl"
+    seen: list[int] = []
+    tail = dgrpo.flower.local.MetricsTail(path, lambda row: seen.append(row["round"]))
+    tail.poll()  # not written yet
+    path.write_text('{"round": 1}\n{"round"')
+    tail.poll()
+    assert seen == [1]
+    with path.open("a") as f:
+        f.write(': 2}\n{"round": 3}\n')
+    tail.poll()
+    tail.poll()
+    assert seen == [1, 2, 3]
+
+
 SMALL = [
     "federated.clients=2", "rounds=2", "federated.prompts_per_client=64", "eval.prompts=64", "eval.every=1",
     "federated.local_steps=1", "federated.prompts_per_step=4", "federated.completions_per_prompt=4",
@@ -147,6 +167,63 @@ def test_flowers_simulation_engine_runs_the_same_experiment(tmp_path: Path, simu
     assert flower["accuracy"] == simulated["accuracy"]
     assert flower["federated"]["global_weights_digest"] == simulated["federated"]["global_weights_digest"]
     assert not _deployment_processes()  # the local SuperLink and Ray's workers included
+
+
+@pytest.mark.timeout(300)
+def test_dgrpo_flower_run_prints_each_round_as_it_ends(
+    tmp_path: Path, simulated: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dgrpo flower run``: one line per round while the run is under way (round 1's before the server app
+    has written summary.json, which it does last), then where the results are; the same experiment again."""
+    out = tmp_path / "cli"
+    formatted: list[tuple[int, bool]] = []  # (round, was summary.json there yet)
+    real = dgrpo.cli._format_federated_row
+
+    def spy(row: dict[str, Any]) -> str:
+        formatted.append((row["round"], (out / "summary.json").exists()))
+        return real(row)
+
+    monkeypatch.setattr(dgrpo.cli, "_format_federated_row", spy)
+    args = ["flower", "run", "fed-grpo", "--out", str(out), *[x for s in SMALL for x in ("-s", s)]]
+    result = CliRunner().invoke(dgrpo.cli.app, args)
+    assert result.exit_code == 0, result.output
+    # The last round's row lands just before summary.json, so only round 1's timing is certain.
+    assert [r for r, _ in formatted] == [1, 2] and formatted[0] == (1, False), formatted
+    lines = result.output.splitlines()
+    rounds = [line for line in lines if line.startswith("round ")]
+    assert [line.split()[1] for line in rounds] == ["1", "2"], result.output
+    assert all("mean reward" in line and "accuracy" in line and "KiB/client" in line for line in rounds)
+    assert "summary.json" in lines[-1] and str(out) in lines[-1], lines[-1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["federated"]["global_weights_digest"] == simulated["federated"]["global_weights_digest"]
+    assert (out / "flower-logs" / "superlink.log").exists()
+    assert not _deployment_processes()
+
+
+def test_dgrpo_flower_run_user_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mistake is one line and exit status 2, before anything starts: no traceback, no process left."""
+    out = ["--out", str(tmp_path / "out")]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        cases = {
+            "scenario file 'nope' not found": ["nope"],
+            "unknown scenario key 'bogus'": ["fed-grpo", "-s", "bogus=1"],
+            "not a federated one": ["fed-centralized"],
+            "unknown Flower engine 'warp'": ["fed-grpo", "--engine", "warp"],
+            f"port {port} on 127.0.0.1 is not available": ["fed-grpo", "--port", port],
+        }
+        for why, args in cases.items():
+            result = CliRunner().invoke(dgrpo.cli.app, ["flower", "run", *args, *out])
+            assert result.exit_code == 2, (args, result.output)
+            assert result.output.strip().splitlines() == [result.output.strip()], result.output
+            assert result.output.startswith("error: ") and why in result.output, result.output
+    monkeypatch.setattr(dgrpo.flower.local, "BIN", tmp_path)  # an environment without Flower's programs
+    result = CliRunner().invoke(dgrpo.cli.app, ["flower", "run", "fed-grpo", *out])
+    assert result.exit_code == 2 and "Flower is not installed" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    assert not _deployment_processes()
 
 
 def _deployment_processes() -> list[int]:

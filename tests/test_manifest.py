@@ -228,6 +228,23 @@ def test_a_joiner_takes_the_creators_manifest_unchanged(tmp_path: Path) -> None:
         hold_manifest(settings(tmp_path / "j", "learner.lr=1e-4"), OTHER, BASE)
 
 
+def test_a_manifest_signed_with_the_old_mode_name_is_still_the_run(tmp_path: Path) -> None:
+    # Before the rename the completion exchange's mode was "httt": a run created then, its pinned manifest and
+    # its joiners go on (the document is signed: it is read in today's names, never rewritten).
+    s = settings(tmp_path)
+    old = RunManifest(
+        v=1, protocol=1, run_id="run-a", creator=CREATOR.public_bytes.hex(), model_id=s.model.name,
+        base_weights=BASE, config={**run_config(s), "mode": "httt"},
+    )  # fmt: skip
+    signed = sign_manifest(CREATOR, old)
+    (tmp_path / MANIFEST_FILE).write_text(signed.document().decode())
+    assert s.mode == "completions" and hold_manifest(s, CREATOR, BASE) == (signed, "kept")
+    joiner = join_settings(signed, f"/ip4/127.0.0.1/tcp/1/p2p/{CREATOR.peer_id}", [f"state_dir='{tmp_path / 'j'}'"])
+    assert joiner.mode == "completions"
+    with joining(signed):
+        assert hold_manifest(joiner, OTHER, BASE) == (signed, "joined")
+
+
 def test_a_joiner_whose_base_model_differs_is_refused(tmp_path: Path) -> None:
     creator = create_manifest(settings(tmp_path / "c"), CREATOR, BASE)
     joiner = settings_from_manifest(creator.manifest, [f"state_dir='{tmp_path / 'j'}'"])

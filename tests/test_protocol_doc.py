@@ -130,6 +130,38 @@ def test_state_sync(doc: str) -> None:
     assert " ".join(f"{b:02x}" for b in encode_request(1)[:4]) in doc and f"at most {MAX_HEADER_BYTES} bytes" in doc
 
 
+def test_weights_sync(doc: str) -> None:
+    from dgrpo.net.train_sync import PIECES_PER_REQUEST, SERVE_STREAMS
+    from dgrpo.protocol.train_sync import (
+        MAX_HEADER_BYTES as STATE_HEADER_BYTES,
+    )
+    from dgrpo.protocol.train_sync import (
+        PIECE_BYTES,
+        ROOT_TAG,
+        STATE_REASONS,
+        StateHeader,
+        encode_head_request,
+        piece_hashes,
+        state_protocol,
+        state_root,
+    )
+
+    rows = table_after(doc, "#### State header", ["field", "type", "notes"])
+    assert [r[0] for r in rows] == list(StateHeader.model_fields)
+    rows = table_after(doc, "#### State checks", ["reason", "side", "check"])
+    assert tuple(r[0] for r in rows) == STATE_REASONS
+    assert f"`{state_protocol('RUN').replace('RUN', '<run>')}`" in doc
+    assert " ".join(f"{b:02x}" for b in ROOT_TAG) in doc and f"`{ROOT_TAG[:-1].decode()}` 0x00" not in doc
+    assert " ".join(f"{b:02x}" for b in encode_head_request()[:4]) in doc
+    assert f"at most {STATE_HEADER_BYTES} bytes" in doc and PIECE_BYTES == 1 << 20
+    assert f"at most {PIECES_PER_REQUEST}" in doc and f"at most {SERVE_STREAMS} streams" in doc
+    state = b"dgrpo" * 30000
+    assert (
+        code_block_after(doc, "<!-- test-vector: state-root -->")
+        == state_root(len(state), 65536, piece_hashes(state, 65536)).hex()
+    )
+
+
 def test_reason_codes(doc: str) -> None:
     rows = table_after(doc, "## Validation", ["reason", "check", "counts towards blacklisting"])
     assert tuple(r[0] for r in rows) == REASONS
@@ -310,6 +342,7 @@ def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
     from dgrpo.net.gossip import OVERSIZE_RPC
     from dgrpo.net.p2p import REFUSED
     from dgrpo.net.transport import DROP_REASONS
+    from dgrpo.protocol.train_sync import STATE_REASONS
     from dgrpo.protocol.validator import INTERNAL_ERROR
     from dgrpo.round.admit import ARRIVAL_EVIDENCE, ARRIVAL_REASONS, CLOSE_REASONS, EVIDENCE_REASONS
     from dgrpo.round.binding import ROLLOUT_REASONS, ROUND_REASONS
@@ -324,6 +357,7 @@ def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
         "close": (*CLOSE_REASONS, *ROLLOUT_REASONS, *ROUND_REASONS),
         "federated": FEDERATED_REASONS,
         "sync": SYNC_REASONS,
+        "weights-sync": STATE_REASONS,
         "transport": (*DROP_REASONS, OVERSIZE_RPC, *REFUSED),
     }
     for stage, codes in by_stage.items():
@@ -333,8 +367,8 @@ def test_every_reason_code_is_in_the_reason_table(doc: str) -> None:
     for code in REASONS:
         assert documented[(code, "validator")][2].startswith("no" if code in BENIGN_REASONS else "yes"), code
         assert "dgrpo_messages_rejected_total" in documented[(code, "validator")][5]
-    for code in (*ARRIVAL_REASONS, *CLOSE_REASONS, *FEDERATED_REASONS, *SYNC_REASONS):
-        stage = next(s for s in ("arrival", "close", "federated", "sync") if code in by_stage[s])
+    for code in (*ARRIVAL_REASONS, *CLOSE_REASONS, *FEDERATED_REASONS, *SYNC_REASONS, *STATE_REASONS):
+        stage = next(s for s in ("arrival", "close", "federated", "sync", "weights-sync") if code in by_stage[s])
         assert "dgrpo_admission_rejected_total" in documented[(code, stage)][5], code
     for code in CLOSE_REASONS:
         assert (documented[(code, "close")][2] == "evidence") == (code in EVIDENCE_REASONS), code
@@ -385,7 +419,10 @@ def test_stack_lists_every_stream_protocol(doc: str) -> None:
     row = {r[0]: r[1] for r in table_after(doc, "### Stack", ["layer", "what a dgrpo node uses"])}["request/response"]
     named = set(re.findall(r"`(/[^`]+)`", row))
     ids = {IDENTIFY_ID, ID_PUSH, PING_ID, AUTONAT_PROTOCOL_ID, HOP_ID, STOP_PROTOCOL_ID, DCUTR_ID, MANIFEST_PROTOCOL}
-    assert named == {str(i) for i in ids} | {sync_protocol("RUN").replace("RUN", "<run>")}
+    from dgrpo.protocol.train_sync import state_protocol
+
+    own = {sync_protocol("RUN").replace("RUN", "<run>"), state_protocol("RUN").replace("RUN", "<run>")}
+    assert named == {str(i) for i in ids} | own
     assert row.endswith("No other stream protocol")
 
 

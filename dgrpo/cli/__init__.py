@@ -2,18 +2,18 @@
 
 Errors are handled in one place (:func:`command`): any :class:`~dgrpo.errors.DgrpoError` (a bad setting, a
 bad spec, a missing file, an unavailable sandbox) is one red line naming the problem, and exit status 2.
-Anything else is a bug and keeps its traceback.
+Anything else is a bug and keeps its traceback (short, without local variables, unless ``--debug``).
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dgrpo.cli import status as status  # the `status` command, on `app`: in its own module, importing no torch
 from dgrpo.cli.common import (
     WEAK_SANDBOX,
     SetOption,
@@ -23,15 +23,42 @@ from dgrpo.cli.common import (
     console,
     defense_chain,
 )
-from dgrpo.cli.node import node_app
+from dgrpo.cli.flower import flower_app
+from dgrpo.cli.node import ADVERSARY_NAMES, node_app
+from dgrpo.cli.status_table import status_table
+from dgrpo.daemon.log_setup import LogFormat, choose, configure
 from dgrpo.errors import ConfigError, DgrpoError
 
 __all__ = ["app"]
 
 
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+def main(
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            "--log-format",
+            envvar="DGRPO_LOG_FORMAT",
+            help="human: short lines, one per round for a daemon; json: one JSON object per line (a round's whole "
+            "record in it), for log shippers",
+        ),
+    ] = LogFormat.human,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar="DGRPO_DEBUG",
+            help="debug logging (py-libp2p's too) and, for an unexpected error, the full traceback with local "
+            "variables (they may hold settings and keys: mind where you paste it)",
+        ),
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="dgrpo's debug logging")] = False,
+) -> None:
+    # Set on every invocation, not only with --debug: the app object outlives one call (tests invoke it many times).
+    app.pretty_exceptions_show_locals = debug
+    app.pretty_exceptions_short = not debug
+    choose(log_format, verbose=verbose, debug=debug)
+    configure()
 
 
 def _format_federated_row(row: dict[str, Any]) -> str:
@@ -215,6 +242,7 @@ def report(
 testnet_app = typer.Typer(help="A local testnet of daemons on 127.0.0.1.", no_args_is_help=True)
 app.add_typer(node_app, name="node")
 app.add_typer(testnet_app, name="testnet")
+app.add_typer(flower_app, name="flower")
 
 
 @command(app)
@@ -225,109 +253,18 @@ def keygen(
     """Write a new node identity key and print its peer id."""
     from dgrpo.protocol.identity import Identity
 
+    if path.exists() and not force:  # (save refuses too, without a race, but names its Python argument)
+        raise ConfigError(f"{path} exists; --force overwrites it")
     identity = Identity.generate()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        identity.save(path, overwrite=force)
-    except FileExistsError as exc:
-        raise ConfigError(f"{exc} (--force overwrites it)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create the folder {path.parent} ({exc.strerror or exc})") from None
+    identity.save(path, overwrite=force)
     console.print(f"peer id {identity.peer_id} -> {path}")
 
 
-TABLE_ROWS = 20  # a live table shows this many nodes, and the others in one line
 PAGES_LISTED = 5  # `testnet up` prints the live page of this many nodes
-
-
-def _status_table(statuses: list[dict[str, Any] | None], names: list[str]) -> Any:
-    from rich.table import Table
-
-    table = Table(title="dgrpo nodes")
-    columns = ("node", "peer", "state", "round", "done", "peers", "reach", "links", "accepted", "rejected", "reward")
-    for col in (*columns, "errors"):
-        table.add_column(col)
-    shown = TABLE_ROWS if len(names) > TABLE_ROWS + 1 else len(names)
-    for name, st in zip(names[:shown], statuses[:shown], strict=True):
-        if st is None:
-            table.add_row(name, "-", "starting", *[""] * (len(columns) - 2))
-            continue
-        reward = st.get("mean_reward")
-        net = st.get("network") or {}
-        table.add_row(
-            name,
-            str(st["peer_id"])[-8:],
-            str(st["state"]),
-            str(st["round"]),
-            str(st["rounds_done"]),
-            str(len(st["peers"])),
-            str((net.get("reachability") or {}).get("status", "")),
-            f"{net.get('direct_peers', 0)}d/{net.get('relayed_peers', 0)}r" if net else "",
-            str(st["messages_accepted"]),
-            str(sum(st["messages_rejected"].values())),
-            "" if reward is None else f"{reward:.3f}",
-            str(len(st["last_errors"])),
-        )
-    rest = [st for st in statuses[shown:] if st is not None]
-    if len(names) > shown:  # a large testnet: the others in one line
-        done = sorted(int(st["rounds_done"]) for st in rest) or [0]
-        table.add_row(
-            f"+{len(names) - shown} more", "", f"{len(rest)} up", "", f"{done[0]}..{done[-1]}",
-            *[""] * (len(columns) - 4),
-        )  # fmt: skip
-    return table
-
-
-@command(app)
-def status(
-    target: Annotated[str, typer.Argument(help="status URL (http://127.0.0.1:8780) or a node's state dir")] = (
-        "http://127.0.0.1:8780"
-    ),
-    as_json: Annotated[bool, typer.Option("--json", help="print the raw JSON")] = False,
-) -> None:
-    """Show a running node's status."""
-    import json as _json
-    import urllib.request
-
-    from dgrpo.daemon.launch import read_node_file
-
-    url = target
-    if not target.startswith("http"):
-        info = read_node_file(Path(target))
-        if info is None or not info.get("status_url"):
-            raise ConfigError(f"no running node found in {target}")
-        url = str(info["status_url"])
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/status", timeout=5) as resp:
-            st = _json.loads(resp.read())
-    except OSError as exc:
-        raise ConfigError(f"cannot reach {url}: {exc}") from None
-    if as_json:
-        console.print_json(data=st)
-        return
-    console.print(_status_table([st], ["node"]))
-    net = st.get("network") or {}
-    if net:
-        console.print(f"reachability: {net['reachability']['status']}  observed: {net['observed_addrs']}")
-        console.print(f"announced: {st['listen_addrs']}")
-        if net["relays"]:
-            console.print(f"relay slots on: {net['relays']}")
-        if net.get("relay_service"):
-            console.print(
-                f"relay service: {net['relay_service_reservations']} slots held by others, "
-                f"{net['relay_service_circuits']} circuits open, {net.get('relay_service_bytes', 0)} bytes forwarded"
-            )
-        punched = set(net.get("hole_punched") or ())
-        for peer, kind in net["connections"].items():
-            console.print(f"  {peer}  {kind}{'  (hole punched)' if peer in punched else ''}")
-    manifest = st.get("manifest") or {}
-    if manifest:
-        refused = manifest.get("rejected_by_peer") or {}
-        console.print(
-            f"run {manifest['run_id']!r} manifest {manifest['sha256'][:16]}… by {manifest['creator']} "
-            f"({manifest['origin']}); refused: {refused or 'none'}"
-        )
-    console.print(f"rejected by reason: {st['messages_rejected']}  blacklisted: {st['blacklisted_peers']}")
-    for err in st["last_errors"][-5:]:
-        console.print(f"[yellow]{err}[/]")
 
 
 @command(testnet_app, "up")
@@ -337,9 +274,18 @@ def testnet_up(
     out: Annotated[Path, typer.Option("--out", "-o", help="state and results folder")] = Path("runs/testnet"),
     config: Annotated[Path | None, typer.Option("--config", "-c", help="node TOML for every node")] = None,
     overrides: SetOption = None,
-    adversary: Annotated[str | None, typer.Option(help="NAME:COUNT malicious nodes")] = None,
-    defense: Annotated[str | None, typer.Option(help="defense chain NAME[,NAME...]")] = None,
-    mode: Annotated[str, typer.Option(help="homogeneous | heterogeneous | federated")] = "homogeneous",
+    adversary: Annotated[
+        str | None, typer.Option(help=f"NAME:COUNT malicious nodes; NAME one of {ADVERSARY_NAMES}")
+    ] = None,
+    defense: Annotated[
+        str | None, typer.Option(help="defense chain NAME[,NAME...] (an unknown name's error lists the defenses)")
+    ] = None,
+    mode: Annotated[
+        str, typer.Option(help="what the nodes exchange: completions (decentralised GRPO) | federated (Fed-GRPO)")
+    ] = "completions",
+    models: Annotated[
+        str, typer.Option(help="homogeneous (one model) | heterogeneous (the embedded models in turn)")
+    ] = "homogeneous",
     topology: Annotated[
         str | None, typer.Option(help="federated mode: star (node 0 aggregates) | decentralised")
     ] = None,
@@ -371,10 +317,9 @@ def testnet_up(
 
     from rich.live import Live
 
-    from dgrpo.daemon.testnet import join_command, start_testnet, stop_nodes, wait_rounds
+    from dgrpo.daemon.testnet import check_testnet_kind, join_command, start_testnet, stop_nodes, wait_rounds
 
-    if mode not in ("homogeneous", "heterogeneous", "federated"):
-        raise ConfigError(f"unknown mode {mode!r}; valid modes: federated, heterogeneous, homogeneous")
+    check_testnet_kind(mode, models)
     if topology is not None and (mode != "federated" or topology not in ("star", "decentralised")):
         raise ConfigError("--topology is star or decentralised, with --mode federated")
     attack: tuple[str, int] | None = None
@@ -383,11 +328,11 @@ def testnet_up(
 
         attack = parse_adversary_spec(adversary)
         if attack[0] not in ADVERSARIES:
-            raise ConfigError(f"unknown adversary {attack[0]!r}; valid: {', '.join(ADVERSARIES.names())}")
+            raise ConfigError(f"unknown adversary {attack[0]!r}; valid: {ADVERSARY_NAMES}")
         if attack[1] >= n:
             raise ConfigError(f"{attack[1]} malicious nodes leave no honest node among {n}")
     chain = defense_chain(defense) if defense else []
-    if mode == "heterogeneous":
+    if models == "heterogeneous":
         from dgrpo.config import SAME_MODEL_DEFENSES
 
         same = [name for name in chain if name in SAME_MODEL_DEFENSES]
@@ -411,7 +356,7 @@ def testnet_up(
             raise ConfigError(f"--slow {item!r}: expected INDEX:FACTOR with FACTOR >= 1, e.g. 2:3")
     nodes = start_testnet(
         n, out, rounds, mode=mode, defense=chain, extra=extra, config=config, adversary=attack,
-        per_process=per_process, slow=stragglers,
+        per_process=per_process, slow=stragglers, models=models,
     )  # fmt: skip
     names = [f"node-{nd.index}" + (f" ({attack[0]})" if attack and nd.index >= n - attack[1] else "") for nd in nodes]
     console.print(f"testnet of {n} nodes up in {out}; peers: {', '.join(nd.peer_id[-8:] for nd in nodes)}")
@@ -427,10 +372,10 @@ def testnet_up(
         return
     finished = False
     try:
-        with Live(_status_table([None] * n, names), console=console, refresh_per_second=2) as live:
+        with Live(status_table([None] * n, names), console=console, refresh_per_second=2) as live:
 
             def show(statuses: list[dict[str, Any] | None]) -> None:
-                live.update(_status_table(statuses, names))
+                live.update(status_table(statuses, names))
 
             if rounds is not None:
                 finished = wait_rounds(nodes, rounds, show, timeout)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -12,7 +11,14 @@ from rich.console import Console, ConsoleDimensions
 
 from dgrpo.errors import ConfigError, DgrpoError
 
-app = typer.Typer(help="dgrpo: decentralised GRPO nodes, attacks and defenses.", no_args_is_help=True)
+# An unexpected exception is a bug and keeps its traceback, but a short one without local variables: those hold
+# settings and key objects, and pages of them bury the error (the `--debug` callback turns them back on).
+app = typer.Typer(
+    help="dgrpo: decentralised GRPO nodes, attacks and defenses.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    pretty_exceptions_short=True,
+)
 
 
 class _Console(Console):
@@ -80,7 +86,8 @@ SetOption = Annotated[list[str] | None, typer.Option("--set", "-s", help="overri
 
 
 def daemon_logging() -> None:
-    logging.getLogger("dgrpo").setLevel(logging.INFO)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", force=True)
-    for noisy in ("libp2p", "multiaddr", "async_service"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    """A daemon's logging: dgrpo's INFO lines, in the format the command line chose (human or JSON), with
+    py-libp2p's warnings about peers that hung up at DEBUG (:mod:`dgrpo.daemon.log_setup`)."""
+    from dgrpo.daemon.log_setup import configure
+
+    configure(daemon=True)

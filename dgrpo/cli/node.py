@@ -7,8 +7,13 @@ from typing import Annotated
 
 import typer
 
+from dgrpo.adversary import ADVERSARIES
 from dgrpo.cli.common import WEAK_SANDBOX, SetOption, WeakSandboxOption, command, console, daemon_logging, defense_chain
 from dgrpo.errors import ConfigError
+
+# Built from the registry, never typed: importing it costs no torch (`python -X importtime -c "import
+# dgrpo.adversary"`), so the help lists every attack registered. Defenses import torch: their list is in the error.
+ADVERSARY_NAMES = ", ".join(ADVERSARIES.names())
 
 node_app = typer.Typer(help="Run a node of a decentralised GRPO network.", no_args_is_help=True)
 
@@ -43,14 +48,23 @@ def node_run(
         ),
     ] = False,
     adversary: Annotated[
-        str | None, typer.Option(help="run as an attacker: text, dos, math or code (research testnets)")
+        str | None, typer.Option(help=f"run as an attacker (research testnets): {ADVERSARY_NAMES}")
     ] = None,
     defense: Annotated[
-        str | None, typer.Option(help="defense chain NAME[,NAME...], e.g. length,arith-check,logit")
+        str | None, typer.Option(help="defense chain NAME[,NAME...] (an unknown name's error lists the defenses)")
     ] = None,
     mode: Annotated[
-        str | None, typer.Option(help="httt (exchange rollouts, the default) | federated (exchange model updates)")
+        str | None,
+        typer.Option(help="completions (exchange completions, the default) | federated (exchange model updates)"),
     ] = None,
+    solo: Annotated[
+        bool,
+        typer.Option(
+            "--solo",
+            help="train alone: start the first round without waiting for a peer (rounds.min_peers=0; by default "
+            "a node waits for one, at most rounds.start_timeout_seconds)",
+        ),
+    ] = False,
     unsafe_weak_sandbox: WeakSandboxOption = False,
     relay_service: Annotated[
         bool,
@@ -95,7 +109,11 @@ def node_run(
     if relay_service:
         local.append("network.traversal.relay_service=true")
     if adversary is not None:
+        if adversary not in ADVERSARIES and not any(c in adversary for c in ".:"):  # a dotted path: user code
+            raise ConfigError(f"unknown adversary {adversary!r}; valid: {ADVERSARY_NAMES}")
         local.append(f"adversary.name={_json.dumps(adversary)}")
+    if solo:
+        local.append("rounds.min_peers=0")
     if slow is not None:
         local.append(f"rounds.slowdown={slow}")
     sets = list(local)
@@ -104,8 +122,10 @@ def node_run(
     if max_rounds is not None:
         sets.append(f"rounds.max_rounds={max_rounds}")
     if mode is not None:
-        if mode not in ("httt", "federated"):
-            raise ConfigError(f"unknown mode {mode!r}; valid modes: federated, httt")
+        from dgrpo.daemon.settings import LEGACY_MODES, MODES
+
+        if mode not in MODES and mode not in LEGACY_MODES:
+            raise ConfigError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
         sets.append(f"mode={_json.dumps(mode)}")
     if defense is not None:
         from dgrpo.config import needs_seeded_sampler

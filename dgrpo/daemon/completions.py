@@ -1,4 +1,4 @@
-"""Decentralised GRPO's exchange (``mode = "httt"``, the default; "Hail to the Thief"): completion strings.
+"""Decentralised GRPO's exchange (``mode = "completions"``, the default; "Hail to the Thief"): completion strings.
 
 Every round (or async step) the daemon's node generates and publishes its rollouts, receives its peers' until
 every expected peer delivered or the deadline passed (sync), or takes what has arrived (async), then draws,
@@ -10,6 +10,7 @@ node rejoins is the daemon's membership (:mod:`dgrpo.daemon.membership`).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import trio
@@ -17,19 +18,25 @@ import trio
 from dgrpo.daemon.checkpoint import CheckpointState
 from dgrpo.daemon.daemon import Daemon
 from dgrpo.daemon.exchange import Exchange
+from dgrpo.daemon.weights_sync import WeightsSync, merged
 from dgrpo.round.admit import AdmissionStatistics
 from dgrpo.round.observer import notify
 from dgrpo.round.outcome import RoundOutcome
-from dgrpo.round.run import run_round, run_step
+from dgrpo.round.run import collect_phase, consume_phase, produce_phase, run_step
 
 log = logging.getLogger("dgrpo.daemon")
 
 
 class CompletionExchange(Exchange):
-    mode = "httt"
+    mode = "completions"
 
     def __init__(self, d: Daemon) -> None:
         self.d = d
+        # The weights sync (late joiners, nodes behind or diverged) where every node trains on every completion
+        # of a round, so that all hold one state: sync rounds, no bounded draw. Elsewhere weights differ by design.
+        s = d.settings
+        self.syncs = s.sync.enabled and s.rollout.mode == "sync" and s.rollout.external_per_round is None
+        self.sync = WeightsSync(s, d.learner, d.base_sha256, d._error)
 
     def restore(self, state: CheckpointState) -> None:
         d = self.d
@@ -47,19 +54,36 @@ class CompletionExchange(Exchange):
         return meta
 
     def admission_statistics(self) -> AdmissionStatistics:
-        """The admit stage's rejections."""
-        return self.d.node.admitter.statistics()
+        """The admit stage's rejections, and the weights sync's (as federated mode counts its state sync's)."""
+        admitted = self.d.node.admitter.statistics()
+        by_peer_reason = {peer: dict(reasons) for peer, reasons in admitted.rejected_by_author_reason.items()}
+        for peer, reasons in self.sync.rejected.snapshot().items():
+            by_peer_reason[peer] = merged(by_peer_reason.get(peer, {}), reasons)
+        return AdmissionStatistics(
+            merged(admitted.rejected_by_reason, self.sync.by_reason),
+            merged(admitted.rejected_by_author, self.sync.rejected.by_peer()),
+            by_peer_reason,
+        )
 
     def status(self, out: dict[str, Any]) -> None:
-        """Nothing to add: the daemon's ``/status`` is this mode's (draw, defense, reward, ...)."""
+        """The weights sync's part; the rest of the daemon's ``/status`` is this mode's (draw, defense, ...)."""
+        out["weights_sync"] = self.sync.status() | {"applies": self.syncs}
+
+    def announcement(self) -> tuple[int, bytes, bytes] | None:
+        return self.sync.announcement() if self.syncs else None
 
     async def open(self, nursery: trio.Nursery) -> None:
-        """Nothing beyond rollouts and control, which the transport subscribes to."""
+        """Serve this node's state to joiners (rollouts and control are the transport's)."""
+        assert self.d.gossip is not None and self.d.transport is not None
+        if self.syncs:
+            self.sync.open(self.d.gossip, self.d.transport)
 
     async def rounds(self) -> None:
         d = self.d
         assert d.transport is not None and d.gossip is not None
         s = d.settings.rounds
+        if self.syncs and d.rounds_done:  # resumed: serve and announce the state the checkpoint restored
+            await self.sync.completed(d.round - 1)
         await d._join()
         d.state = "running"
         d.round = max(d.round, 1)
@@ -67,6 +91,7 @@ class CompletionExchange(Exchange):
             d._connected_at_start = d.gossip.connected_peers()
             await d._await_peers()
             d._catch_up()
+            await self._align()
             await d._keep_pace()
             d.transport.round_horizon = d.inbox.horizon = d.rollout_horizon()
             r = d.round
@@ -81,10 +106,14 @@ class CompletionExchange(Exchange):
             def still_expected(waiting: set[str], r: int = r) -> set[str]:
                 return waiting & d.expected_peers(r)
 
-            outcome = await run_round(
-                d.node, d.transport, d.inbox, r, expected, s.deadline_seconds, d.limiter, still_expected,
-                s.slowdown,
-            )  # fmt: skip
+            # run_round's phases (dgrpo.round.run), with the weights sync's check between collecting and training.
+            t0 = time.perf_counter()
+            own = await produce_phase(d.node, d.transport, d.inbox, r, d.limiter, s.slowdown)
+            collected = await collect_phase(d.inbox, r, expected, s.deadline_seconds, still_expected)
+            if self.syncs:
+                await self.sync.agree(r - 1, d.under_way())
+            trained = own if not self.syncs or self.sync.trains_own(r) else []  # a node that joined: follows
+            outcome = await consume_phase(d.node, r, trained, collected, t0, d.limiter, s.slowdown)
             await self._finish_round(outcome)
             if outcome.departed:
                 log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, outcome.departed)
@@ -104,11 +133,31 @@ class CompletionExchange(Exchange):
         if s.linger:
             await trio.sleep_forever()  # keep gossiping and serving status until told to stop
 
+    async def _align(self) -> None:
+        """Before a round of a node whose state is older than the network's (it joined late, or caught up after
+        falling behind): take the state its peers hold after the round before (:mod:`dgrpo.daemon.weights_sync`),
+        and play the round after that state's."""
+        d = self.d
+        own = self.sync.own
+        if not self.syncs or d.round <= 1 or (own is not None and own.round >= d.round - 1):
+            return
+        if own is None and not d.rounds_done and not d.under_way():
+            return  # nobody under way: the network starts with us, from the base weights
+        d.state = "syncing"
+        taken = await self.sync.align(d.round - 1, d.under_way)
+        d.state = "running"
+        if taken is not None and taken + 1 != d.round:
+            log.info("joining at round %d, after the state taken", taken + 1)
+            d.round = taken + 1
+            d._announce.set()
+
     async def _finish_round(self, outcome: RoundOutcome) -> None:
         """After a round (or an async step): count it, tell the observers, save the replay window and, every
         ``checkpoint.every`` rounds, the peers and a checkpoint."""
         self.d.rounds_done += 1
         self.d.round = outcome.round + 1
+        if self.syncs:  # before the next round's heartbeat announces it
+            await self.sync.completed(outcome.round)
         notify(self.d.observers, outcome.round, [outcome])
         self.d.replay.save(self.d.replay_path)
         if self.d.rounds_done % self.d.settings.checkpoint.every == 0:

@@ -35,10 +35,12 @@ from dgrpo.daemon.manifest_exchange import ManifestService
 from dgrpo.daemon.membership import Membership, joining_round
 from dgrpo.daemon.monitor import PoisonMonitor
 from dgrpo.daemon.observers import Blacklister, MetricsObserver, NodeCounters, RoundLog
+from dgrpo.daemon.ports import listen_in_effect, refuse_taken_chosen_ports, status_port_in_effect
 from dgrpo.daemon.run_manifest import base_weights, hold_manifest, refused_at_join
 from dgrpo.daemon.settings import NodeSettings
 from dgrpo.daemon.snapshot import node_snapshot
 from dgrpo.daemon.status import NodeMetrics, StatusServer, WireCollector
+from dgrpo.daemon.waiting import how_to_join, wait_for_peers
 from dgrpo.errors import ConfigError
 from dgrpo.net.gossip import GossipConfig, GossipNode
 from dgrpo.net.p2p import Libp2pTransport
@@ -73,8 +75,16 @@ class Daemon(Membership):
         self.resume = resume
         self.allow_fresh = allow_fresh
         check_resume(settings, resume, allow_fresh)
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        save_settings(settings.state_dir, settings.model_dump(mode="json"))  # what --resume alone restores
+        status = (settings.status.host, settings.status.port) if settings.status.enabled else None
+        refuse_taken_chosen_ports(settings.network.listen, status)  # now, not after the model has loaded
+        try:
+            settings.state_dir.mkdir(parents=True, exist_ok=True)
+            save_settings(settings.state_dir, settings.model_dump(mode="json"))  # what --resume alone restores
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write the state folder {settings.state_dir} ({exc.strerror or exc}); choose another "
+                "--state-dir"
+            ) from None
         self.remembered_peers = load_peers(settings.state_dir)  # dial candidates from before a restart
         # A SIGKILL during a write leaves its temp file; nothing else would ever remove it.
         for folder in (settings.state_dir, settings.checkpoint_folder):
@@ -100,7 +110,9 @@ class Daemon(Membership):
         )
         self.learner = self.node.learner
         # Before any checkpoint is restored: the manifest names the weights every node of the run starts from.
-        self.manifest = ManifestService(*hold_manifest(settings, self.identity, base_weights(self.learner)))
+        base = base_weights(self.learner)
+        self.base_sha256 = bytes.fromhex(base.sha256)  # what this node's weights descend from (weights sync)
+        self.manifest = ManifestService(*hold_manifest(settings, self.identity, base))
         for peer, verdict in refused_at_join().items():  # a bootstrap that served another run's manifest
             self.manifest.record(peer, verdict)
             self.manifest.checked.add(peer)
@@ -270,9 +282,15 @@ class Daemon(Membership):
     # ----------------------------------------------------------------- the loop
     async def run(self) -> None:
         s = self.settings
-        gossip_cfg = GossipConfig(listen=s.network.listen, bootstrap=tuple(s.network.bootstrap), **s.network.gossip)
+        listen = listen_in_effect(s.network.listen)  # the default port taken: the next free one (logged)
+        gossip_cfg = GossipConfig(listen=listen, bootstrap=tuple(s.network.bootstrap), **s.network.gossip)
         keys = self.identity.to_libp2p_keypair()
         async with GossipNode.open(gossip_cfg, keys, s.network.traversal) as gossip:
+            if not gossip.local_addrs():  # py-libp2p logs a failed listen and runs on, unreachable
+                raise ConfigError(
+                    f"network.listen: cannot listen on {listen} (another process took the port as this node "
+                    "started?); start it again, or choose another address with --listen"
+                )
             self.gossip = gossip
             self.manifest.serve(gossip)
             self.transport = Libp2pTransport(
@@ -283,7 +301,8 @@ class Daemon(Membership):
             self.inbox.on_rejected = self.transport.release_quota  # a rejected rollout gives its slot back
             server = None
             if s.status.enabled:
-                server = StatusServer(s.status.host, s.status.port, self.snapshot, self.metrics.registry).start()
+                port = status_port_in_effect(s.status.host, s.status.port)
+                server = StatusServer(s.status.host, port, self.snapshot, self.metrics.registry).start()
                 self.status_url = server.url
             self.write_node_file()
             log.info("node %s listening on %s; status %s", self.peer_id, gossip.listen_addrs(), self.status_url)
@@ -331,11 +350,15 @@ class Daemon(Membership):
     async def _heartbeats(self) -> None:
         assert self.transport is not None and self.gossip is not None
         while True:
+            state_round, state_root, state_base = self.exchange.announcement() or (0, b"", b"")  # weights sync
             body = HeartbeatBody(
                 round=self.round,
                 rounds_done=self.rounds_done,
                 status="stopping" if self.state == "stopping" else "done" if self.state == "done" else "running",
                 listen_addrs=tuple(self.gossip.listen_addrs()[:8]),
+                state_round=state_round,
+                state_root=state_root,
+                state_base=state_base,
             )
             try:
                 await self.transport.publish_heartbeat(body)
@@ -351,14 +374,22 @@ class Daemon(Membership):
             self._announce = trio.Event()
 
     async def _join(self) -> None:
-        """Wait for ``min_peers`` (bounded), then start at the network's current round (a late joiner)."""
-        assert self.transport is not None
+        """Wait for ``min_peers`` (bounded: :mod:`dgrpo.daemon.waiting`), then start at the network's current
+        round (a late joiner)."""
+        assert self.transport is not None and self.gossip is not None
         s = self.settings.rounds
-        with trio.move_on_after(s.start_timeout_seconds) as scope:
-            while len(self.transport.peers()) < s.min_peers:
-                await trio.sleep(0.2)
-        if scope.cancelled_caught:
-            self._error(f"only {len(self.transport.peers())} of {s.min_peers} peers after {s.start_timeout_seconds}s")
+        transport, gossip = self.transport, self.gossip
+        if len(transport.peers()) < s.min_peers:
+            self.state = "waiting"  # /status and the live page show it
+            await wait_for_peers(
+                lambda: len(transport.peers()),
+                s.min_peers,
+                s.start_timeout_seconds,
+                lambda: how_to_join(gossip.listen_addrs(), self.manifest.signed.sha256),
+                self.settings.network.bootstrap,
+            )
+            if self.state == "waiting":  # (not when a signal is stopping it)
+                self.state = "starting"
         # Give peers one heartbeat period to announce their round, then join the most advanced one.
         await trio.sleep(min(s.heartbeat_seconds, 2.0) if s.min_peers else 0)
         # Peers under way (seniors only, where a resumed node knows some: a Sybil majority cannot place it).

@@ -4,7 +4,7 @@ A daemon (:class:`dgrpo.daemon.daemon.Daemon`) has one lifecycle: identity and s
 status server, heartbeats, the join, checkpoints and shutdown. What it exchanges is a plug-in chosen by
 ``mode`` (:func:`dgrpo.daemon.launch.exchange_for`):
 
-* ``httt`` (:class:`dgrpo.daemon.completions.CompletionExchange`): decentralised GRPO, as in "Hail to the
+* ``completions`` (:class:`dgrpo.daemon.completions.CompletionExchange`): decentralised GRPO, as in "Hail to the
   Thief": completion strings gossiped every round, drawn, defended, scored and trained on by every node;
 * ``federated`` (:class:`dgrpo.daemon.federated.FederatedExchange`): Fed-GRPO, sparse model updates and reward
   statistics, aggregated (:mod:`dgrpo.net.updates` carries them, :mod:`dgrpo.net.state_sync` hands the
@@ -52,3 +52,8 @@ class Exchange(ABC):
     @abstractmethod
     async def rounds(self) -> None:
         """Join the network and run rounds until ``rounds.max_rounds`` (or for ever)."""
+
+    def announcement(self) -> tuple[int, bytes, bytes] | None:
+        """The state this node announces in its heartbeats: (round, root, base) of the weights sync
+        (:mod:`dgrpo.daemon.weights_sync`); None, the default, announces none."""
+        return None

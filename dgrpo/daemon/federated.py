@@ -37,6 +37,8 @@ from dgrpo.config.federated import FederatedConfig
 from dgrpo.daemon.checkpoint import CheckpointState
 from dgrpo.daemon.daemon import Daemon
 from dgrpo.daemon.exchange import Exchange
+from dgrpo.daemon.log_lines import federated_round_text
+from dgrpo.daemon.log_setup import record_extra
 from dgrpo.daemon.membership import lower_median
 from dgrpo.errors import ConfigError
 from dgrpo.federated.agreement import agree
@@ -460,5 +462,5 @@ class FederatedExchange(Exchange):
         with (self.d.settings.state_dir / "rounds.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         self.d.history.add_row(row)  # the live page's curve
-        log.info("federated round %s", json.dumps(row))
+        log.info("%s", federated_round_text(row), extra=record_extra(row))
         return diverged

@@ -26,6 +26,7 @@ from dgrpo.daemon.run_manifest import (
     MANIFEST_FILE,
     RUN_KEYS,
     RUN_SECTIONS,
+    current_config,
     differences,
     load_manifest,
     run_config,
@@ -125,7 +126,7 @@ def join_settings(manifest: SignedManifest, addrs: str | Sequence[str], override
     a run-defining key is an error here already, before the model is loaded."""
     addrs = [addrs] if isinstance(addrs, str) else list(addrs)
     settings = settings_from_manifest(manifest.manifest, [f"network.bootstrap={json.dumps(addrs)}", *overrides])
-    problems = differences(manifest.manifest.config, run_config(settings))
+    problems = differences(current_config(manifest.manifest.config), run_config(settings))
     if problems:
         raise ConfigError(
             f"cannot join run {manifest.manifest.run_id!r}: an override changes the run's settings: "

@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+import errno
+from collections.abc import Callable
 
 import trio
 
@@ -14,7 +13,9 @@ from dgrpo.daemon.daemon import Daemon
 from dgrpo.daemon.exchange import Exchange
 from dgrpo.daemon.federated import FederatedExchange
 from dgrpo.daemon.fresh import FreshStart, move_aside
+from dgrpo.daemon.node_file import read_node_file as read_node_file  # re-exported: its old home, still imported
 from dgrpo.daemon.settings import NodeSettings
+from dgrpo.errors import ConfigError, DgrpoError
 
 EXCHANGES: dict[str, type[CompletionExchange] | type[FederatedExchange]] = {
     CompletionExchange.mode: CompletionExchange,
@@ -43,13 +44,42 @@ def open_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool 
 
 
 def run_daemon(settings: NodeSettings, resume: bool = False, allow_fresh: bool = False) -> None:
-    trio.run(open_daemon(settings, resume, allow_fresh).run)
-
-
-def read_node_file(state_dir: Path) -> dict[str, Any] | None:
-    path = state_dir / "node.json"
+    """Run a daemon until it stops. An error the user can fix arrives as a :class:`DgrpoError` (one line, exit
+    status 2, on the command line), also from inside the daemon's nurseries, where trio wraps it in an
+    exception group."""
+    daemon = open_daemon(settings, resume, allow_fresh)
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None
+        trio.run(daemon.run)
+    except (BaseExceptionGroup, OSError) as exc:
+        error = user_error(exc, settings)
+        if error is None:
+            raise
+        raise error from None
+
+
+def user_error(exc: BaseException, settings: NodeSettings) -> DgrpoError | None:
+    """The :class:`DgrpoError` in ``exc`` (itself, or one in an exception group, however nested); else a port
+    another process took between the probe and the bind (:mod:`dgrpo.daemon.ports`) as a :class:`ConfigError`;
+    else None (a bug: its traceback is wanted)."""
+    found = _first(exc, lambda e: isinstance(e, DgrpoError))
+    if isinstance(found, DgrpoError):
+        return found
+    taken = _first(exc, lambda e: isinstance(e, OSError) and e.errno == errno.EADDRINUSE)
+    if taken is not None:
+        return ConfigError(
+            f"an address this node listens on was taken by another process as it started ({taken}); "
+            f"start it again, or choose free ports (--listen, now {settings.network.listen}; --set status.port=PORT, "
+            f"now {settings.status.port})"
+        )
+    return None
+
+
+def _first(exc: BaseException, wanted: Callable[[BaseException], bool]) -> BaseException | None:
+    if wanted(exc):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first(inner, wanted)
+            if found is not None:
+                return found
+    return None

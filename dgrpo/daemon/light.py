@@ -34,6 +34,7 @@ from pathlib import Path
 import trio
 
 from dgrpo.daemon.daemon import Daemon
+from dgrpo.daemon.log_setup import PeerHangupFilter, chosen, formatter
 
 log = logging.getLogger("dgrpo.light")
 BOOTSTRAP_RECENT = 3
@@ -98,7 +99,8 @@ class _PerNodeHandler(logging.Handler):
 
     def add(self, name: str, path: Path) -> None:
         handler = logging.FileHandler(path)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(formatter(chosen().format))  # as a daemon of its own would log (node run's)
+        handler.addFilter(PeerHangupFilter())
         self.files[name] = handler
 
     def emit(self, record: logging.LogRecord) -> None:

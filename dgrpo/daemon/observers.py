@@ -1,5 +1,5 @@
 """What a daemon does with each round's outcome: counters for ``/status``, Prometheus metrics, the round log
-(``rounds.jsonl`` and one JSON log line), and the blacklist the reputation policy decided.
+(``rounds.jsonl`` and one log line), and the blacklist the reputation policy decided.
 
 Each is a :class:`~dgrpo.round.observer.RoundObserver`, like the simulation's observers.
 """
@@ -15,6 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from dgrpo.daemon.log_lines import round_text
+from dgrpo.daemon.log_setup import record_extra
 from dgrpo.daemon.status import NodeMetrics
 from dgrpo.round.observer import RoundObserver
 from dgrpo.round.outcome import RoundOutcome
@@ -88,7 +90,8 @@ class MetricsObserver(RoundObserver):
 
 
 class RoundLog(RoundObserver):
-    """One JSON log line per round, and the same (with full peer ids and authors) in ``rounds.jsonl``."""
+    """One line per round in ``rounds.jsonl`` (JSON, with full peer ids and authors), and one log line: short and
+    human (:func:`~dgrpo.daemon.log_lines.round_text`), or with ``--log-format json`` the same record whole."""
 
     def __init__(
         self,
@@ -108,10 +111,11 @@ class RoundLog(RoundObserver):
             accuracy = self.accuracy(o.round) if self.accuracy is not None else None
             if accuracy is not None:
                 line["accuracy"] = round(accuracy, 4)
-            log.info(json.dumps({**line, "peer": o.peer_id[-8:], "authors": len(o.authors)}))
+            by_author = Counter(s.author for s in o.scoring.scored)
+            record = {**line, "authors": sorted(o.authors), "completions_by_author": by_author}
+            log.info("%s", round_text(record), extra=record_extra(record))
             with self.path.open("a") as f:
-                by_author = Counter(s.author for s in o.scoring.scored)
-                f.write(json.dumps({**line, "authors": sorted(o.authors), "completions_by_author": by_author}) + "\n")
+                f.write(json.dumps(record) + "\n")
 
 
 def round_line(o: RoundOutcome) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dgrpo.atomic import write_atomically
-from dgrpo.daemon.settings import NodeSettings
+from dgrpo.daemon.settings import LEGACY_MODES, NodeSettings
 from dgrpo.errors import ConfigError
 from dgrpo.overrides import apply_overrides, explain_validation_error
 from dgrpo.protocol.envelope import PROTOCOL_VERSION
@@ -96,6 +96,17 @@ def create_manifest(settings: NodeSettings, identity: Identity, base: BaseWeight
     return sign_manifest(identity, manifest)
 
 
+def current_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A manifest's ``config`` in today's names, to compare with local settings: a manifest signed before the
+    completion exchange's mode was renamed says ``"httt"``, which the settings read as ``"completions"``; the
+    signed document itself is never changed (its SHA-256 names the run)."""
+    out = dict(config)
+    mode = out.get("mode")
+    if isinstance(mode, str) and mode in LEGACY_MODES:
+        out["mode"] = LEGACY_MODES[mode]
+    return out
+
+
 def differences(manifest: Any, local: Any, path: str = "") -> list[str]:
     """``key: manifest X, local Y`` for every leaf where the two JSON values differ."""
     if isinstance(manifest, dict) and isinstance(local, dict):
@@ -118,7 +129,7 @@ def mismatches(manifest: RunManifest, settings: NodeSettings, base: BaseWeights)
     out = []
     if manifest.run_id != settings.run_id:
         out.append(f"run id: manifest {manifest.run_id!r}, local {settings.run_id!r}")
-    out += differences(manifest.config, run_config(settings))
+    out += differences(current_config(manifest.config), run_config(settings))
     mine = manifest.base_weights
     if mine.dtype != base.dtype:
         out.append(

@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextvars
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, ValidationError
+from multiaddr import Multiaddr
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     JsonConfigSettingsSource,
@@ -21,6 +22,7 @@ from pydantic_settings import (
 )
 
 from dgrpo.config import RunConfig, Section
+from dgrpo.daemon.ports import DEFAULT_LISTEN_PORT, DEFAULT_STATUS_PORT
 from dgrpo.errors import ConfigError
 from dgrpo.net.traversal_config import TraversalConfig
 from dgrpo.overrides import apply_overrides, explain_validation_error
@@ -36,8 +38,17 @@ class IdentitySettings(Section):
     create: Annotated[bool, Field(description="create the key if it does not exist")] = True
 
 
+def _multiaddr_problem(addr: str) -> str | None:
+    """Why ``addr`` is no multiaddr (the parser's reason), None where it is one."""
+    try:
+        Multiaddr(addr)
+    except Exception as exc:  # the parser's own error types differ by cause; its message says which
+        return str(exc).partition(" (string:")[0]
+    return None
+
+
 class NetworkSettings(Section):
-    listen: Annotated[str, Field(description="listen multiaddr")] = "/ip4/0.0.0.0/tcp/4001"
+    listen: Annotated[str, Field(description="listen multiaddr")] = f"/ip4/0.0.0.0/tcp/{DEFAULT_LISTEN_PORT}"
     bootstrap: Annotated[list[str], Field(description="bootstrap peers as multiaddrs ending in /p2p/<peer id>")] = (
         Field(default_factory=list)
     )
@@ -49,14 +60,44 @@ class NetworkSettings(Section):
         Field(description="NAT traversal and discovery: relay service, relays, hole punching, peer target"),
     ] = TraversalConfig()
 
+    # Checked here, so that `--listen foo` is one line naming the key, not a traceback from libp2p's host start.
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_a_multiaddr(cls, value: str) -> str:
+        problem = _multiaddr_problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem}; give a multiaddr such as /ip4/0.0.0.0/tcp/{DEFAULT_LISTEN_PORT}")
+        return value
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap_names_peers(cls, value: list[str]) -> list[str]:
+        for addr in value:
+            problem = _multiaddr_problem(addr)
+            if problem is None and not addr.rstrip("/").rpartition("/")[0].endswith("/p2p"):
+                problem = f"{addr!r} names no peer"
+            if problem is not None:
+                raise ValueError(
+                    f"{problem}; a bootstrap address ends in /p2p/<peer id>, e.g. /ip4/203.0.113.7/tcp/"
+                    f"{DEFAULT_LISTEN_PORT}/p2p/12D3KooW... (the running node logs its own and writes it to node.json)"
+                )
+        return value
+
 
 class RoundSettings(Section):
     deadline_seconds: Annotated[
         float, Field(gt=0, description="a round closes at quorum or this long after our own publish")
     ] = 60.0
     max_rounds: Annotated[int | None, Field(ge=1, description="stop after this many rounds; None: run on")] = None
-    min_peers: Annotated[int, Field(ge=0, description="wait for this many peers before the first round")] = 0
-    start_timeout_seconds: Annotated[float, Field(gt=0, description="give up waiting for min_peers")] = 120.0
+    # 1, not 0: a node started alone should wait for its network, not train alone (a creator whose second node
+    # came up minutes later had run 182 rounds by itself); `node run --solo` sets 0 for a deliberate lone node.
+    min_peers: Annotated[
+        int, Field(ge=0, description="wait for this many peers before the first round (0: start alone, --solo)")
+    ] = 1
+    # Minutes, not seconds: the second node is often started by hand, on another machine.
+    start_timeout_seconds: Annotated[
+        float, Field(gt=0, description="stop (exit status 2) when min_peers have not come within this long")
+    ] = 600.0
     slowdown: Annotated[
         float,
         Field(
@@ -98,11 +139,37 @@ class CheckpointSettings(Section):
 
 class StatusSettings(Section):
     host: Annotated[str, Field(description="status/metrics HTTP address")] = "127.0.0.1"
-    port: Annotated[int, Field(ge=0, le=65535, description="HTTP port; 0 picks a free one")] = 8780
+    port: Annotated[
+        int, Field(ge=0, le=65535, description="HTTP port; 0 picks a free one; the default taken, the next free one")
+    ] = DEFAULT_STATUS_PORT
     enabled: Annotated[bool, Field(description="serve /status and /metrics")] = True
     weights_digest: Annotated[
         bool, Field(description="record a SHA-256 of the weights after every round (cheap for small models)")
     ] = False
+
+
+class SyncSettings(Section):
+    """The weights sync of the completion exchange (docs/protocol.md, "Weights sync"): a node that joins late,
+    falls behind or diverges takes the trainable state a strict majority of its peers announce."""
+
+    enabled: Annotated[
+        bool,
+        Field(
+            description="serve and announce this node's trainable state after every round, and take the state a "
+            "majority of peers hold when joining late, catching up or diverging (sync rounds, every node training "
+            "on every completion: rollout.mode = sync without rollout.external_per_round)"
+        ),
+    ] = True
+    wait_seconds: Annotated[
+        float, Field(gt=0, description="how long a joiner waits for its peers to agree on the state it needs")
+    ] = 120.0
+    max_state_bytes: Annotated[
+        int,
+        Field(ge=1, description="the largest state served or fetched (weights and optimizer state, in bytes)"),
+    ] = 1 << 30
+    serve_bytes_per_second: Annotated[
+        float, Field(gt=0, description="bytes a second this node serves to joiners, all of them together")
+    ] = 64.0 * 1024 * 1024
 
 
 class MonitorSettings(Section):
@@ -147,6 +214,12 @@ class FederationSettings(Section):
     ] = 128 * 1024
 
 
+Mode = Literal["completions", "federated"]
+MODES: tuple[str, ...] = get_args(Mode)
+# Names a mode had before (read from old state folders, saved settings and manifests; never printed).
+LEGACY_MODES = {"httt": "completions"}
+
+
 class NodeSettings(RunConfig, BaseSettings):
     """A daemon's settings: the run configuration (:class:`dgrpo.config.RunConfig`: task, model, learner,
     sampling, rollout, defense, adversary, limits) plus what only a daemon needs."""
@@ -165,13 +238,22 @@ class NodeSettings(RunConfig, BaseSettings):
     checkpoint: CheckpointSettings = CheckpointSettings()
     status: StatusSettings = StatusSettings()
     monitor: MonitorSettings = MonitorSettings()
+    sync: SyncSettings = SyncSettings()
     eval: EvalSettings = EvalSettings()
     mode: Annotated[
-        Literal["httt", "federated"],
-        Field(description="httt: exchange rollouts (the default); federated: exchange model updates (Fed-GRPO)"),
-    ] = "httt"
+        Mode,
+        Field(
+            description="completions: exchange completions (decentralised GRPO, the default); federated: exchange "
+            "model updates (Fed-GRPO)"
+        ),
+    ] = "completions"
     federation: FederationSettings = FederationSettings()
     torch_threads: Annotated[int, Field(ge=0, description="torch intra-op threads; 0: torch's default")] = 1
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _legacy_mode(cls, value: Any) -> Any:
+        return LEGACY_MODES.get(value, value) if isinstance(value, str) else value
 
     @classmethod
     def settings_customise_sources(

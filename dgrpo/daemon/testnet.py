@@ -1,7 +1,8 @@
 """``dgrpo testnet up``: a local network of daemons, each a separate process on 127.0.0.1.
 
-Modes: ``homogeneous`` (one model), ``heterogeneous`` (the embedded models in turn), ``federated`` (Fed-GRPO:
-node i is client i of ``n``, node 0 the aggregator of the star topology).
+Modes (what the nodes exchange, ``mode``): ``completions`` (decentralised GRPO) or ``federated`` (Fed-GRPO: node i
+is client i of ``n``, node 0 the aggregator of the star topology). Models (``models``): ``homogeneous`` (one
+model) or ``heterogeneous`` (the embedded models in turn; completions only).
 
 Node 0 starts first; every later node bootstraps to node 0 and the three started just before it (their
 addresses come from each node's ``node.json``); peer exchange finds the others. With ``per_process`` K, K nodes
@@ -29,7 +30,9 @@ from typing import Any
 
 from dgrpo.config import needs_seeded_sampler
 from dgrpo.daemon.launch import read_node_file
+from dgrpo.daemon.log_setup import cli_options  # a testnet's nodes log as the command that started them
 from dgrpo.daemon.run_manifest import share_manifest
+from dgrpo.daemon.settings import LEGACY_MODES, MODES
 from dgrpo.errors import ConfigError, DgrpoError
 from dgrpo.protocol.identity import Identity
 
@@ -80,6 +83,23 @@ class NetNode:
         return None if url is None else url + "/"
 
 
+MODELS = ("homogeneous", "heterogeneous")
+
+
+def check_testnet_kind(mode: str, models: str) -> None:
+    """What the nodes exchange (``mode``: :data:`dgrpo.daemon.settings.MODES`) and which models they run
+    (:data:`MODELS`); a :class:`ConfigError` listing the valid values."""
+    if mode not in MODES and mode not in LEGACY_MODES:
+        raise ConfigError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+    if models not in MODELS:
+        raise ConfigError(f"unknown model mix {models!r}; valid: {', '.join(MODELS)}")
+    if mode == "federated" and models == "heterogeneous":
+        raise ConfigError(
+            "--models heterogeneous with --mode federated: federated nodes average one model's weights; use "
+            "--mode completions for a mix of models"
+        )
+
+
 def node_overrides(
     index: int,
     n: int,
@@ -89,6 +109,7 @@ def node_overrides(
     defense: list[str],
     extra: list[str],
     adversary: tuple[str, int] | None = None,
+    models: str = "homogeneous",
 ) -> list[str]:
     """The ``--set`` items of node ``index``; with ``adversary=(name, count)`` the last ``count`` nodes attack."""
     sets = [
@@ -104,7 +125,7 @@ def node_overrides(
     ]
     if rounds is not None:
         sets.append(f"rounds.max_rounds={rounds}")
-    if mode == "heterogeneous":
+    if models == "heterogeneous":
         sets.append(f"model.name='{EMBEDDED_MODELS[index % len(EMBEDDED_MODELS)]}'")
     if mode == "federated":  # one client per node; node i trains on partition i
         sets += ["mode='federated'", f"federated.clients={n}", f"federation.client_index={index}"]
@@ -150,11 +171,12 @@ def launch_node(
     rounds: int | None,
     bootstrap: list[str],
     run_id: str = "testnet",
-    mode: str = "homogeneous",
+    mode: str = "completions",
     defense: list[str] | None = None,
     extra: list[str] | None = None,
     config: Path | None = None,
     adversary: tuple[str, int] | None = None,
+    models: str = "homogeneous",
 ) -> NetNode:
     """Start daemon ``index`` of an ``n``-node testnet in ``out/node-<index>`` and wait until it listens."""
     state = out / f"node-{index}"
@@ -162,10 +184,10 @@ def launch_node(
     for stale in ("node.json", "status.json"):
         (state / stale).unlink(missing_ok=True)
     identity = node_identity(state)
-    cmd = [sys.executable, "-m", "dgrpo", "node", "run", "--state-dir", str(state)]
+    cmd = [sys.executable, "-m", "dgrpo", *cli_options(), "node", "run", "--state-dir", str(state)]
     if config is not None:
         cmd += ["--config", str(config)]
-    for item in node_overrides(index, n, rounds, run_id, mode, defense or [], extra or [], adversary):
+    for item in node_overrides(index, n, rounds, run_id, mode, defense or [], extra or [], adversary, models):
         cmd += ["--set", item]
     if bootstrap:
         cmd += ["--set", f"network.bootstrap={json.dumps(bootstrap)}"]
@@ -222,7 +244,7 @@ def start_testnet(
     out: Path,
     rounds: int | None,
     run_id: str = "testnet",
-    mode: str = "homogeneous",
+    mode: str = "completions",
     defense: list[str] | None = None,
     extra: list[str] | None = None,
     config: Path | None = None,
@@ -230,6 +252,7 @@ def start_testnet(
     per_process: int | None = None,
     torch_workers: int = 1,
     slow: Mapping[int, float] | None = None,
+    models: str = "homogeneous",
 ) -> list[NetNode]:
     """Start ``n`` daemons, each in its own process, or ``per_process`` to a process (light peers,
     :mod:`dgrpo.daemon.light`). Each bootstraps to node 0 and the few started just before it
@@ -237,6 +260,7 @@ def start_testnet(
     stragglers (the ``--slow`` fault, ``rounds.slowdown``)."""
     from dgrpo.daemon.light import bootstrap_for
 
+    check_testnet_kind(mode, models)
     if n < 1:
         raise ConfigError("a testnet needs at least one node")
     out.mkdir(parents=True, exist_ok=True)
@@ -252,15 +276,18 @@ def start_testnet(
     per_node = {i: [*extra, f"rounds.slowdown={factor}"] for i, factor in (slow or {}).items()}
     if per_process is not None and per_process > 1:
         nodes = _start_hosted(
-            n, out, rounds, run_id, mode, defense, extra, config, adversary, per_process, torch_workers, per_node
-        )
+            n, out, rounds, run_id, mode, defense, extra, config, adversary, per_process, torch_workers, per_node,
+            models,
+        )  # fmt: skip
     else:
         for i in range(n):
             bootstrap = bootstrap_for([tcp_address(nd) for nd in nodes])
-            if nodes and mode != "heterogeneous":
+            if nodes and models != "heterogeneous":
                 share_manifest(nodes[0].state_dir, out / f"node-{i}")
             sets = per_node.get(i, extra)
-            nodes.append(launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, sets, config, adversary))
+            nodes.append(
+                launch_node(i, n, out, rounds, bootstrap, run_id, mode, defense, sets, config, adversary, models)
+            )
     pids = list(dict.fromkeys(nd.process.pid for nd in nodes))
     (out / "testnet.json").write_text(json.dumps({"pids": pids, "peers": [nd.peer_id for nd in nodes]}, indent=2))
     return nodes
@@ -279,6 +306,7 @@ def _start_hosted(
     per_process: int,
     torch_workers: int,
     per_node: Mapping[int, list[str]] | None = None,
+    models: str = "homogeneous",
 ) -> list[NetNode]:
     """Light peers: the first process starts node 0 (the run's creator); once it listens the other processes
     start together, every one bootstrapping to it."""
@@ -292,14 +320,15 @@ def _start_hosted(
         for i in groups[k]:
             state = out / f"node-{i}"
             node_identity(state)
-            sets = node_overrides(i, n, rounds, run_id, mode, defense or [], (per_node or {}).get(i, extra), adversary)
-            creator = out / "node-0" if i > 0 and mode != "heterogeneous" else None
+            own = (per_node or {}).get(i, extra)
+            sets = node_overrides(i, n, rounds, run_id, mode, defense or [], own, adversary, models)
+            creator = out / "node-0" if i > 0 and models != "heterogeneous" else None
             hosted.append(HostedNode(state, tuple(sets), config, creator))
             (state / "node.json").unlink(missing_ok=True)
         path = out / f"host-{k}.json"
         HostPlan(tuple(hosted), tuple(bootstrap), torch_workers).dump(path)
         log = open(out / f"host-{k}.log", "ab")  # noqa: SIM115 (kept open for the child's lifetime)
-        cmd = [sys.executable, "-m", "dgrpo", "node", "host", str(path)]
+        cmd = [sys.executable, "-m", "dgrpo", *cli_options(), "node", "host", str(path)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         for i in groups[k]:
             nodes[i] = NetNode(i, out / f"node-{i}", proc, node_identity(out / f"node-{i}").peer_id)

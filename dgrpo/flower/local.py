@@ -2,8 +2,12 @@
 on 127.0.0.1 (Flower's deployment engine, insecure: loopback only), the app submitted with ``flwr run``, its
 results read back, every process stopped.
 
-    .venv/bin/python -m dgrpo.flower.local --scenario fed-grpo --out runs/flower [--set key=value ...]
-        [--engine simulation]   # Flower's Ray simulation engine instead (dgrpo[flower-sim])
+    .venv/bin/dgrpo flower run fed-grpo --out runs/flower [-s key=value ...] [--engine simulation]
+
+(``dgrpo flower run``, ``dgrpo/cli/flower.py``, prints each round as it ends; ``python -m dgrpo.flower.local``
+still works, and prints one JSON line at the end.) ``--engine simulation`` is Flower's Ray simulation engine
+(``dgrpo[flower-sim]``). The server app appends each round's row to ``metrics.jsonl`` as the round ends, so
+the rounds of a run under way are read from there (:class:`MetricsTail`).
 
 Flower 1.42 serves its Fleet, Control and ServerAppIo APIs on one HTTP port per SuperLink; each SuperNode has
 its own port for its local runtime. The connection to submit to lives in ``$FLWR_HOME/config.toml``:
@@ -15,6 +19,7 @@ first on ``PATH``; the SuperLink does not install the app's dependencies (they a
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -26,11 +31,13 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dgrpo.errors import ConfigError, DgrpoError
 from dgrpo.flower.config import scenario_of
 
 APP_DIR = Path(__file__).resolve().parents[2] / "flower"  # the app folder `flwr run` packs (a source checkout)
@@ -38,14 +45,66 @@ BIN = Path(sys.executable).parent
 CONNECTION = "local-deployment"
 
 
-class DeploymentError(RuntimeError):
-    pass
+class DeploymentError(DgrpoError, RuntimeError):
+    """The deployment did not start, or the run did not complete (a DgrpoError: one line on the command line,
+    where Flower's logs say the rest)."""
+
+
+ENGINES = ("deployment", "simulation")
+
+
+def require_flower(engine: str) -> None:
+    """A clear error where the extra an engine needs is missing, before any process is started (otherwise
+    the first sign is a ``flwr`` binary not found, or a SuperLink that dies while starting)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown Flower engine {engine!r}; valid: {', '.join(ENGINES)}")
+    if importlib.util.find_spec("flwr") is None or not (BIN / "flwr").exists():
+        raise ConfigError(f"Flower is not installed in {BIN.parent}: pip install -e '.[flower]'")
+    if engine == "simulation" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("Flower's simulation engine needs Ray: pip install -e '.[flower-sim]'")
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def chosen_port(port: int | None) -> int:
+    """``port`` where it is free on 127.0.0.1 (else a one-line error, before anything starts), or a free one."""
+    if port is None:
+        return free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: TIME_WAIT is no obstacle
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(f"port {port} on 127.0.0.1 is not available ({exc.strerror}); pick another") from None
+    return port
+
+
+class MetricsTail:
+    """The rows of ``metrics.jsonl`` not yet seen, as the server app appends them (one per round as it ends):
+    ``poll()`` hands each complete new line to ``on_round``. A line still being written is left for the next
+    poll."""
+
+    def __init__(self, path: Path, on_round: Callable[[dict[str, Any]], None]) -> None:
+        self.path = path
+        self.on_round = on_round
+        self.offset = 0
+
+    def poll(self) -> None:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            if line.strip():
+                self.on_round(json.loads(line))
 
 
 def _healthy(url: str, timeout: float, procs: list[subprocess.Popen[bytes]]) -> None:
@@ -105,20 +164,31 @@ class Deployment:
             raise DeploymentError(f"flwr {' '.join(args)}: {answer.get('error-message', answer)}")
         return answer
 
-    def run(self, run_config: dict[str, Any], timeout: float = 1800, app: Path = APP_DIR) -> dict[str, Any]:
-        """Submit the app with ``run_config`` (values as TOML literals), wait until it finishes; its status."""
+    def run(
+        self,
+        run_config: dict[str, Any],
+        timeout: float = 1800,
+        app: Path = APP_DIR,
+        poll: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        """Submit the app with ``run_config`` (values as TOML literals), wait until it finishes; its status.
+        ``poll()`` is called while waiting (about once a second) and once more at the end."""
         literal = " ".join(f"{k}={json.dumps(v)}" for k, v in run_config.items())
         t0 = time.monotonic()
         run_id = str(self.flwr("run", str(app), CONNECTION, "--run-config", literal)["run-id"])
         deadline = t0 + timeout
         while True:
             status: dict[str, Any] = self.flwr("ls", CONNECTION, "--run-id", run_id)["runs"][0]
+            if poll is not None:
+                poll()
             if str(status["status"]).startswith("finished"):
                 break
             if time.monotonic() > deadline:
                 raise DeploymentError(f"run {run_id} not finished after {timeout:.0f}s: {status}")
             time.sleep(1.0)
         self.timings["run_seconds"] = time.monotonic() - t0
+        if poll is not None:
+            poll()  # what the server app wrote between the last poll and the end
         logs = subprocess.run(
             [str(BIN / "flwr"), "log", run_id, CONNECTION, "--show"],
             env=self.env, capture_output=True, text=True, timeout=60, cwd=self.work,
@@ -163,10 +233,11 @@ class deploy:
     """``with deploy(clients, work) as d: d.run({...})``: a SuperLink and ``clients`` SuperNodes (partition-id
     0 .. clients - 1), healthy before the body runs, all stopped after it."""
 
-    def __init__(self, clients: int, work: Path, startup_timeout: float = 60) -> None:
+    def __init__(self, clients: int, work: Path, startup_timeout: float = 60, port: int | None = None) -> None:
         self.clients = clients
         self.work = work
         self.startup_timeout = startup_timeout
+        self.port = port  # the SuperLink's; None: a free one
         self.deployment: Deployment | None = None
 
     def __enter__(self) -> Deployment:
@@ -184,7 +255,7 @@ class deploy:
             PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
             PYTHONUNBUFFERED="1",
         )
-        link = f"127.0.0.1:{free_port()}"
+        link = f"127.0.0.1:{chosen_port(self.port)}"
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{link}"\ninsecure = true\n'
         )
@@ -235,9 +306,10 @@ class simulate:
     ``dgrpo[flower-sim]`` extra) with ``clients`` virtual SuperNodes, behind a local SuperLink that ``flwr run``
     starts itself (address ``:local:``, on a free port); stopped with everything it started afterwards."""
 
-    def __init__(self, clients: int, work: Path) -> None:
+    def __init__(self, clients: int, work: Path, port: int | None = None) -> None:
         self.clients = clients
         self.work = work
+        self.port = port  # the local SuperLink's; None: a free one
         self.deployment: Deployment | None = None
 
     def __enter__(self) -> Deployment:
@@ -245,7 +317,7 @@ class simulate:
         home = self.work / "flwr-home"
         home.mkdir(exist_ok=True)
         tag = uuid.uuid4().hex
-        port = free_port()
+        port = chosen_port(self.port)
         env = dict(os.environ)
         env.update(
             FLWR_HOME=str(home),
@@ -282,13 +354,22 @@ def run_on_flower(
     work: Path | None = None,
     timeout: float = 1800,
     engine: str = "deployment",
+    port: int | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    on_started: Callable[[Deployment], None] | None = None,
 ) -> dict[str, Any]:
     """Run a federated scenario on Flower (``engine``: ``deployment``, a SuperLink and a SuperNode per client
     as processes here, or ``simulation``, Flower's Ray engine); the server app's ``summary.json`` (with the
-    start-up and run seconds under ``flower``)."""
+    start-up and run seconds under ``flower``). ``port``: the SuperLink's on 127.0.0.1 (default: a free one).
+    ``on_started(deployment)`` is called once Flower is up, ``on_round(row)`` with each round's row of
+    ``metrics.jsonl`` as the round ends. Flower's logs end up in ``out/flower-logs``, whether the run
+    completed or not."""
     out = out.resolve()
+    if Path(scenario).exists():  # Flower's processes run in ``work``: a relative path to a file would not resolve
+        scenario = str(Path(scenario).resolve())
     parsed = scenario_of({"scenario": scenario, "overrides": ";".join(overrides)})
     assert parsed.federated is not None
+    require_flower(engine)
     if work is None:
         work = Path(tempfile.mkdtemp(prefix="dgrpo-flower-"))
     config: dict[str, Any] = {
@@ -299,13 +380,21 @@ def run_on_flower(
     }
     if (out / "metrics.jsonl").exists():
         (out / "metrics.jsonl").unlink()
-    engines = {"deployment": deploy, "simulation": simulate}
-    with engines[engine](parsed.federated.clients, work) as d:
-        d.run(config, timeout=timeout)
+    out.mkdir(parents=True, exist_ok=True)
+    tail = MetricsTail(out / "metrics.jsonl", on_round) if on_round is not None else None
+    clients = parsed.federated.clients
+    flower = deploy(clients, work, port=port) if engine == "deployment" else simulate(clients, work, port=port)
+    try:
+        with flower as d:
+            if on_started is not None:
+                on_started(d)
+            d.run(config, timeout=timeout, poll=tail.poll if tail is not None else None)
+    finally:  # a failed run's logs are where a completed one's are: the error message points there
+        if (work / "logs").is_dir():
+            shutil.copytree(work / "logs", out / "flower-logs", dirs_exist_ok=True)
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     summary["flower"].update(d.timings)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    shutil.copytree(work / "logs", out / "flower-logs", dirs_exist_ok=True)
     return summary
 
 
@@ -315,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="sets", action="append", default=[], help="a scenario override")
     parser.add_argument("--out", type=Path, default=Path("runs/flower"))
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--engine", choices=("deployment", "simulation"), default="deployment")
+    parser.add_argument("--engine", choices=ENGINES, default="deployment")
     args = parser.parse_args(argv)
     summary = run_on_flower(args.scenario, args.sets, args.out, timeout=args.timeout, engine=args.engine)
     print(json.dumps({k: summary[k] for k in ("scenario", "final_accuracy", "accuracy", "wall_seconds")}))

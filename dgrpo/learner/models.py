@@ -20,6 +20,7 @@ from dgrpo.errors import ModelNotFoundError, UnknownNameError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_PREFIX = "dgrpo:"
+HUB_PROBE_SECONDS = 5.0  # a hub that has not answered by then is treated as unreachable
 
 
 def embedded_models() -> dict[str, Path]:
@@ -60,6 +61,40 @@ def resolve_model(name: str) -> str:
     return name  # a hub id such as Qwen/Qwen2.5-1.5B
 
 
+def hub_access(name: str, repo_id: str, timeout: float = HUB_PROBE_SECONDS) -> dict[str, Any]:
+    """How to load hub id ``repo_id``: ``{}`` (from the hub, as usual) where the hub answers; from the local cache
+    only (``local_files_only``) where it does not but the model is cached; else :class:`ModelNotFoundError`, at
+    once. Without this an unreachable hub cost some 50 s and 48 lines of retry warnings before the error."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = isinstance(try_to_load_from_cache(repo_id, "config.json", cache_dir=constants.HF_HUB_CACHE), str)
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else hub_unreachable(constants.ENDPOINT, timeout)
+    if why is None:
+        return {}
+    if cached:
+        return {"local_files_only": True}
+    raise ModelNotFoundError(
+        f"model {name!r}: the hub ({constants.ENDPOINT}) cannot be reached ({why}) and the model is not in the "
+        f"local cache ({constants.HF_HUB_CACHE}); give a local folder or an embedded name "
+        f"({', '.join(embedded_models())})"
+    )
+
+
+def hub_unreachable(endpoint: str, timeout: float) -> str | None:
+    """Why ``endpoint`` does not answer (one try, no retries), None where it answers (any HTTP status)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout):
+            return None
+    except urllib.error.HTTPError:  # an answer, if not a welcome one: the hub is there
+        return None
+    except (OSError, ValueError) as exc:  # URLError, a timeout, a refused connection, a malformed endpoint
+        reason = getattr(exc, "reason", None) or exc
+        return " ".join(str(reason).split()) or type(exc).__name__
+
+
 def pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -97,12 +132,14 @@ def load_model(cfg: ModelConfig) -> LoadedModel:
     kwargs: dict[str, Any] = {}
     if cfg.gguf_file:
         kwargs["gguf_file"] = cfg.gguf_file
+    if not Path(source).is_dir():
+        kwargs.update(hub_access(cfg.name, source))
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
         model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(
-            f"could not load model {cfg.name!r} from {source!r}: {exc}. "
+            f"could not load model {cfg.name!r} from {source!r}: {' '.join(str(exc).split())}. "
             "Hub ids need network access; offline, give a local folder or an embedded name "
             f"({', '.join(embedded_models())})."
         ) from exc

@@ -41,6 +41,11 @@ class PeerInfo:
     status: str
     last_seen: float
     listen_addrs: tuple[str, ...] = ()  # as announced: where to dial it for a stream (federated state sync)
+    # The state it announced (weights sync): the round it last completed, the root of its state after it, and
+    # the base weights that state descends from; 0 and empty when it announced none.
+    state_round: int = 0
+    state_root: bytes = b""
+    state_base: bytes = b""
 
 
 class Libp2pTransport(Transport):
@@ -247,8 +252,9 @@ class Libp2pTransport(Transport):
             author = to_peer_id(env)
             body = env.body
             self._peers[author] = PeerInfo(
-                author, body.round, body.rounds_done, body.status, time.time(), body.listen_addrs
-            )
+                author, body.round, body.rounds_done, body.status, time.time(), body.listen_addrs,
+                body.state_round, body.state_root, body.state_base,
+            )  # fmt: skip
 
     # ----------------------------------------------------------------- Transport
     async def publish(self, rollout: Rollout) -> None:

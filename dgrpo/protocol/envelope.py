@@ -42,6 +42,7 @@ from dgrpo.protocol.wire import WireModel, strict_unpack
 PROTOCOL_VERSION: Final = 1
 DOMAIN_TAG = b"dgrpo/envelope/1\x00"  # separates these signatures from any other use of the same key
 MAX_LISTEN_ADDRS = 8
+STATE_HASH_BYTES = 32  # a heartbeat's state_root and state_base (SHA-256)
 # Largest map on the wire has 10 keys (a global body); allow some unknown keys so they are "schema", not "malformed".
 _MAX_MAP_LEN = 32
 Kind = Literal["rollout", "heartbeat", "update", "global"]
@@ -108,6 +109,30 @@ class HeartbeatBody(WireModel):
     # wait for it nor count its progress in the network's round (a lingering node's round stays where it ended).
     status: Literal["running", "stopping", "done"]
     listen_addrs: Annotated[tuple[str, ...], Field(max_length=MAX_LISTEN_ADDRS)]
+    # Optional (docs/protocol.md, "Weights sync"): the state the node holds after the round it last completed,
+    # and the base weights it descends from (a joiner counts only peers of its own model). Absent from the
+    # encoding when empty, so a heartbeat without them encodes, signs and verifies exactly as before.
+    wire_optional: ClassVar[frozenset[str]] = frozenset({"state_round", "state_root", "state_base"})
+    state_round: Annotated[int, Field(ge=0)] = 0
+    state_root: Annotated[bytes, Field(max_length=STATE_HASH_BYTES)] = b""
+    state_base: Annotated[bytes, Field(max_length=STATE_HASH_BYTES)] = b""
+
+    @model_validator(mode="after")
+    def _state_whole_or_absent(self) -> HeartbeatBody:
+        hashes = (len(self.state_root), len(self.state_base))
+        given = (self.state_round > 0, hashes == (STATE_HASH_BYTES, STATE_HASH_BYTES))
+        absent = (self.state_round == 0, not self.state_root, not self.state_base)
+        if not (all(given) or all(absent)):
+            raise ValueError("state_round (>= 1), state_root and state_base (32 bytes each) are all given or none")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_state(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.state_round:
+            for name in self.wire_optional:
+                data.pop(name, None)
+        return data
 
 
 _BODY_TYPES: dict[str, type[BaseModel]] = {
