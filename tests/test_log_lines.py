@@ -238,8 +238,10 @@ def test_json_daemon_logging_writes_only_json_lines_and_keeps_rounds_jsonl(
     )  # fmt: skip
     RoundLog(tmp_path / "rounds.jsonl").on_round(12, [outcome])
     lines = [json.loads(line) for line in daemon_logging_to.getvalue().splitlines()]
-    assert [(x["level"], x["logger"]) for x in lines] == [
-        ("WARNING", "libp2p.network.swarm"), ("WARNING", "py.warnings"), ("INFO", "dgrpo.daemon"),
+    # (A library's warning comes through as "py.warnings" where no earlier test in the process took the
+    # warnings module's hook; that part depends on test order, so it is not asserted here.)
+    assert [(x["level"], x["logger"]) for x in lines if x["logger"] != "py.warnings"] == [
+        ("WARNING", "libp2p.network.swarm"), ("INFO", "dgrpo.daemon"),
     ]  # fmt: skip
     [kept] = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert lines[-1]["record"] == kept  # the log line carries the round's record whole
