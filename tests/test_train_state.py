@@ -65,3 +65,23 @@ def test_a_fresh_optimizer_state_decodes(random_model_dir: Path) -> None:
     a = learner(random_model_dir)
     names = decode_state(a, export_state(a))
     assert names and all(n.startswith("param.") for n in names)
+
+
+def test_a_lora_state_is_the_adapter_and_its_optimizer_state(random_model_dir: Path) -> None:
+    from dgrpo.config import LoraConfig
+
+    def lora() -> Learner:
+        cfg = ModelConfig(name=str(random_model_dir), lora=LoraConfig(r=4, alpha=8))
+        return Learner(cfg, LearnerConfig(lr=1e-2))
+
+    a, b = lora(), lora()
+    for _ in range(2):
+        a.train_step(BATCH, 1.0, 4)
+    blob = export_state(a)
+    params = [n for n in decode_state(b, blob) if n.startswith("param.")]
+    assert params and all("lora" in n for n in params)  # the adapter only: the base weights never travel
+    assert len(blob) < len(export_state(learner(random_model_dir)))  # smaller than the whole model
+    import_state(b, blob)
+    a.train_step(BATCH, 1.0, 4)
+    b.train_step(BATCH, 1.0, 4)
+    assert a.weights_digest() == b.weights_digest()

@@ -334,13 +334,14 @@ def testnet_up(
     chain = defense_chain(defense) if defense else []
     if models == "heterogeneous":
         from dgrpo.config import SAME_MODEL_DEFENSES
+        from dgrpo.defense import DEFENSES
 
         same = [name for name in chain if name in SAME_MODEL_DEFENSES]
         if same:
             raise ConfigError(
                 f"--defense {','.join(same)} in a heterogeneous testnet: these compare a completion with the "
                 "receiver's own model and weights, which the other nodes do not hold; use defenses that work "
-                "across models (surprisal, judge, arith-check, code-policy, length)"
+                f"across models ({', '.join(n for n in DEFENSES.names() if n not in SAME_MODEL_DEFENSES)})"
             )
     extra = [*(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])]
     if topology is not None:
@@ -387,6 +388,7 @@ def testnet_up(
         console.print("stopping the testnet")
     except DgrpoError as exc:
         console.print(f"[red]error:[/] {exc}")
+    console.line()  # the live table's last render ends without one where output is not a terminal
     clean = stop_nodes(nodes)
     for nd in nodes:
         path = nd.state_dir / "status.json"

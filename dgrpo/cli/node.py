@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dgrpo.adversary import ADVERSARIES
-from dgrpo.cli.common import WEAK_SANDBOX, SetOption, WeakSandboxOption, command, console, daemon_logging, defense_chain
+from dgrpo.cli.common import WEAK_SANDBOX, SetOption, WeakSandboxOption, command, daemon_logging, defense_chain
 from dgrpo.errors import ConfigError
+
+log = logging.getLogger("dgrpo.daemon")
 
 # Built from the registry, never typed: importing it costs no torch (`python -X importtime -c "import
 # dgrpo.adversary"`), so the help lists every attack registered. Defenses import torch: their list is in the error.
@@ -144,9 +147,9 @@ def node_run(
     if manifest_sha256 is not None:
         raise ConfigError("--manifest-sha256 applies when the node learns the run from --bootstrap (no run flags)")
     settings = load_node_settings(config, sets, saved=saved) if saved is not None else first
+    daemon_logging()  # first: what follows goes to the log, in its format (--log-format json: JSON lines only)
     if saved is not None:
-        console.print(f"resuming with the settings saved in {saved} (flags given override them)")
-    daemon_logging()
+        log.info("resuming with the settings saved in %s (flags given override them)", saved)
     run_daemon(settings, resume=resume, allow_fresh=allow_fresh)
 
 
@@ -197,12 +200,12 @@ def _join(
     learnt = fetch_run_manifest(addrs, state_dir, manifest_sha256)
     signed = learnt.manifest
     m = signed.manifest
-    console.print(
-        f"run {m.run_id!r} by {m.creator_peer_id}: model {m.model_id}, task {m.config['task']['name']}, "
-        f"manifest sha256 {signed.sha256}"
-    )
     settings = join_settings(signed, addrs, sets)
-    daemon_logging()
+    daemon_logging()  # first: what follows goes to the log, in its format (--log-format json: JSON lines only)
+    log.info(
+        "run %r by %s: model %s, task %s, manifest sha256 %s",
+        m.run_id, m.creator_peer_id, m.model_id, m.config["task"]["name"], signed.sha256,
+    )  # fmt: skip
     with joining(signed, learnt.refused):
         run_daemon(settings, resume=resume, allow_fresh=allow_fresh)
 

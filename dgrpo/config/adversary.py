@@ -18,7 +18,10 @@ Fill = Literal["auto", "honest", "gibberish"]
 
 
 class AdversaryConfig(Section):
-    name: Annotated[str, Field(description="attack: text, dos, math, code (or a dotted path to a plug-in)")]
+    name: Annotated[
+        str,
+        Field(description="a registered attack (an unknown name's error lists them) or a dotted path to a plug-in"),
+    ]
     oracle: Annotated[
         bool,
         Field(

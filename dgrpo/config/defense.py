@@ -54,14 +54,21 @@ def expand_presets(names: list[str]) -> list[str]:
     return list(dict.fromkeys(d for name in names for d in CHAIN_PRESETS.get(name, (name,))))
 
 
+# From the names defined here, never typed twice (the registered defenses live above this layer: an unknown
+# name's error lists them).
+CHAIN_HELP = (
+    "registered defenses by name (an unknown name's error lists them) or a named chain "
+    f"({', '.join(CHAIN_PRESETS)}), as a list: -s 'defense.chain=[\"logit\"]'; run cheapest first. "
+    f"Same-model checks ({', '.join(SAME_MODEL_DEFENSES)}) apply only to authors announcing this node's "
+    "model and weights"
+)
+
+
 class DefenseConfig(Section):
     chain: Annotated[
         list[str],
         Field(
-            description="defenses by name (logit, sampling-proof, surprisal, repetition, meaning, judge, "
-            "arith-check, arith-pattern, code-policy, length, length-shift) or a named chain (heterogeneous); "
-            "run cheapest first. "
-            "Same-model checks (logit, sampling-proof) apply only to authors announcing this node's model and weights"
+            description=CHAIN_HELP,
         ),
     ] = Field(default_factory=list)
     foreign: Annotated[

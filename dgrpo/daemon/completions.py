@@ -116,7 +116,8 @@ class CompletionExchange(Exchange):
             outcome = await consume_phase(d.node, r, trained, collected, t0, d.limiter, s.slowdown)
             await self._finish_round(outcome)
             if outcome.departed:
-                log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, outcome.departed)
+                gone = ", ".join(peer[-8:] for peer in outcome.departed)
+                log.info("round %d stopped waiting for %s (stopping, silent or disconnected)", r, gone)
             # With a bounded draw (rollout.external_per_round) most peers' completions are not drawn in a given
             # round, which is no error: there, a peer is missing when nothing of its rollouts was admitted.
             bounded = d.settings.rollout.external_per_round is not None
