@@ -26,6 +26,10 @@ def digests(node: NetNode) -> dict[int, str]:
     return {row["round"]: row["weights_sha256"] for row in rounds_log(node)}
 
 
+def rounds_log_by_round(node: NetNode) -> dict[int, dict[str, Any]]:
+    return {row["round"]: row for row in rounds_log(node)}
+
+
 def wait_for(check: Any, timeout: float, what: str, nodes: list[NetNode]) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
@@ -54,14 +58,30 @@ def test_a_late_joiner_holds_its_peers_weights(tmp_path: Path) -> None:
     finally:
         assert stop_nodes([*first, *([joiner] if joiner else [])]), "every daemon exits 0 on SIGTERM"
     a, b, c = (digests(nd) for nd in everyone)
-    # The two that started together trained together from round 1 and hold one state, round for round.
+    # The two that started together trained together from round 1 and held one state, round for round.
     assert min(a) == min(b) == 1
-    assert all(a[r] == b[r] for r in a.keys() & b.keys()), "the first two nodes diverged"
-    # The joiner joined under way, took their state, and holds their weights within two rounds.
+    assert all(a[r] == b[r] for r in range(1, joined)), "the first two nodes diverged before anyone joined"
+    # The joiner joined under way and took their state of the round before the first it has in its log.
     assert joined > JOIN_AT
     assert status is not None
     adopted = status["weights_sync"]["adopted"]
     assert adopted and adopted[0]["why"] == "joined" and adopted[0]["round"] == joined - 1, adopted
-    held = [r for r in sorted(c) if r >= joined + 1]
-    assert len(held) >= AFTER_JOIN - 1
-    assert all(c[r] == a[r] == b[r] for r in held), {r: (a.get(r), b.get(r), c[r]) for r in sorted(c)}
+    rounds = [r for r in sorted(c) if r in a and r in b]
+    table = {r: (a[r][:8], b[r][:8], c[r][:8]) for r in rounds}
+    # Its first round is one it watched (trained on its peers' completions, published none): it holds their
+    # weights digest from then on ...
+    assert c[joined] == a[joined] == b[joined], table
+    # ... and every round, a majority of the three holds one state; were a young peer's completions to reach one
+    # node before it closed the round and not another, the odd one out would take the majority's state at the
+    # next round: no node stays apart two rounds running.
+    for r in rounds:
+        assert len({a[r], b[r], c[r]}) <= 2, table
+    apart = [[r for r in rounds if d[r] != max((a[r], b[r], c[r]), key=[a[r], b[r], c[r]].count)] for d in (a, b, c)]
+    for rs in apart:
+        assert not any(r + 1 in rs for r in rs), table
+    # Its peers waited for it (a young peer in step): both trained on its completions, and all three ended the
+    # run with one state.
+    joiner = everyone[2].peer_id
+    seniors = [rounds_log_by_round(nd) for nd in everyone[:2]]
+    assert any(all(joiner in log[r]["authors"] for log in seniors) for r in rounds), table
+    assert c[rounds[-1]] == a[rounds[-1]] == b[rounds[-1]], table

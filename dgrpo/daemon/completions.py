@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -106,14 +107,15 @@ class CompletionExchange(Exchange):
             def still_expected(waiting: set[str], r: int = r) -> set[str]:
                 return waiting & d.expected_peers(r)
 
-            # run_round's phases (dgrpo.round.run), with the weights sync's check between collecting and training.
+            # run_round's phases (dgrpo.round.run), with the weights sync's steps between collecting and training.
             t0 = time.perf_counter()
             own = await produce_phase(d.node, d.transport, d.inbox, r, d.limiter, s.slowdown)
+            if self.syncs:
+                await self._young_in_step(r, expected, still_expected, t0)
             collected = await collect_phase(d.inbox, r, expected, s.deadline_seconds, still_expected)
             if self.syncs:
                 await self.sync.agree(r - 1, d.under_way())
-            trained = own if not self.syncs or self.sync.trains_own(r) else []  # a node that joined: follows
-            outcome = await consume_phase(d.node, r, trained, collected, t0, d.limiter, s.slowdown)
+            outcome = await consume_phase(d.node, r, own, collected, t0, d.limiter, s.slowdown)
             await self._finish_round(outcome)
             if outcome.departed:
                 gone = ", ".join(peer[-8:] for peer in outcome.departed)
@@ -134,10 +136,34 @@ class CompletionExchange(Exchange):
         if s.linger:
             await trio.sleep_forever()  # keep gossiping and serving status until told to stop
 
+    async def _young_in_step(
+        self, r: int, expected: set[str], still_expected: Callable[[set[str]], set[str]], t0: float
+    ) -> None:
+        """Before the round is taken: where live young peers (not waited for: identities are free) announce this
+        node's own state, wait for the expected peers and then for them, at most ``sync.young_wait_seconds`` or as
+        long as the round has taken so far, whichever is longer (a peer doing the same work on a slower machine).
+        A joiner that took the network's state publishes within moments of its peers; without this wait one
+        peer would close the round just before its completions arrived and another just after, and the two,
+        training on different sets, would hold different weights from then on. A young peer that copies the
+        announcement and never delivers costs a round at most twice its time (or the wait), not the deadline."""
+        d = self.d
+        young = self.sync.in_step(r - 1, d.live_peers() - expected)
+        wait = d.settings.sync.young_wait_seconds
+        if not young or not wait:
+            return
+        with trio.move_on_after(d.settings.rounds.deadline_seconds):
+            await d.inbox.wait_complete(r, expected, still_expected)
+
+        def still(waiting: set[str]) -> set[str]:  # the young ones stay expected while live
+            return still_expected(waiting) | (waiting & young & d.live_peers())
+
+        with trio.move_on_after(max(wait, time.perf_counter() - t0)):
+            await d.inbox.wait_complete(r, expected | young, still)
+
     async def _align(self) -> None:
         """Before a round of a node whose state is older than the network's (it joined late, or caught up after
         falling behind): take the state its peers hold after the round before (:mod:`dgrpo.daemon.weights_sync`),
-        and play the round after that state's."""
+        then watch the round after it (:meth:`_observe`) and play the one after that."""
         d = self.d
         own = self.sync.own
         if not self.syncs or d.round <= 1 or (own is not None and own.round >= d.round - 1):
@@ -146,11 +172,33 @@ class CompletionExchange(Exchange):
             return  # nobody under way: the network starts with us, from the base weights
         d.state = "syncing"
         taken = await self.sync.align(d.round - 1, d.under_way)
-        d.state = "running"
-        if taken is not None and taken + 1 != d.round:
-            log.info("joining at round %d, after the state taken", taken + 1)
-            d.round = taken + 1
+        if taken is not None:
+            # Announced at once: the next round this node plays is the one after the round it watches, so its
+            # peers do not wait for it in the round it watches.
+            d.round = taken + 2
             d._announce.set()
+            await self._observe(taken + 1)
+            log.info("joined the network's rounds at round %d, with its peers' weights", d.round)
+        d.state = "running"
+
+    async def _observe(self, r: int) -> None:
+        """Round ``r`` as its peers play it, without producing: take their rollouts and train on exactly what
+        they train on, so that this node holds their state after it, with no transfer. A node that took its
+        peers' state mid-round cannot have its own completions in that round: its peers, senior to it, do not
+        wait for a young peer, and would close the round with or without them, each as timing fell, leaving
+        them with different weights."""
+        d = self.d
+        assert d.transport is not None
+        t0 = time.perf_counter()
+        d.inbox.open(r)
+        expected = d.expected_peers(r)
+
+        def still_expected(waiting: set[str]) -> set[str]:
+            return waiting & d.expected_peers(r)
+
+        collected = await collect_phase(d.inbox, r, expected, d.settings.rounds.deadline_seconds, still_expected)
+        outcome = await consume_phase(d.node, r, [], collected, t0, d.limiter, d.settings.rounds.slowdown)
+        await self._finish_round(outcome)  # the next round played is r + 1, as announced
 
     async def _finish_round(self, outcome: RoundOutcome) -> None:
         """After a round (or an async step): count it, tell the observers, save the replay window and, every

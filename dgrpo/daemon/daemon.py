@@ -305,7 +305,9 @@ class Daemon(Membership):
                 server = StatusServer(s.status.host, port, self.snapshot, self.metrics.registry).start()
                 self.status_url = server.url
             self.write_node_file()
-            log.info("node %s listening on %s; status %s", self.peer_id, gossip.listen_addrs(), self.status_url)
+            log.info(
+                "node %s listening on %s; status %s", self.peer_id, ", ".join(gossip.listen_addrs()), self.status_url
+            )
             try:
                 async with trio.open_nursery() as nursery:
                     await self.transport.start(nursery)

@@ -104,7 +104,7 @@ def listen_in_effect(listen: str) -> str:
     if chosen == port:
         return listen
     moved = _with_port(listen, chosen)
-    log.warning("listen port %d is taken; listening on %s (set network.listen to choose)", port, moved)
+    log.info("listen port %d is taken; listening on %s (set network.listen to choose)", port, moved)
     return moved
 
 
@@ -112,7 +112,7 @@ def status_port_in_effect(host: str, port: int) -> int:
     """``status.port`` as it will be bound (:func:`port_in_effect`); logs a moved default port."""
     chosen = port_in_effect(host, port, DEFAULT_STATUS_PORT, "status.port", STATUS_FIX)
     if chosen != port:
-        log.warning("status port %d is taken; serving on %d (set status.port to choose)", port, chosen)
+        log.info("status port %d is taken; serving on %d (set status.port to choose)", port, chosen)
     return chosen
 
 

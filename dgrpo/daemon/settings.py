@@ -170,6 +170,16 @@ class SyncSettings(Section):
     serve_bytes_per_second: Annotated[
         float, Field(gt=0, description="bytes a second this node serves to joiners, all of them together")
     ] = 64.0 * 1024 * 1024
+    young_wait_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="after every expected peer delivered a round, wait for young peers that announce this "
+            "node's own state (a joiner that took it) at most this long or as long as the round took so far, "
+            "whichever is longer: every node then trains on their completions alike; a young peer is otherwise not "
+            "waited for (identities are free). 0: never wait",
+        ),
+    ] = 2.0
 
 
 class MonitorSettings(Section):

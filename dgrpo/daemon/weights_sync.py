@@ -69,14 +69,6 @@ class WeightsSync:
         self.gossip: GossipNode | None = None
         self.transport: Libp2pTransport | None = None
         self._no_majority_at: set[int] = set()  # rounds already counted as state_no_majority
-        # A node that took its peers' state to join (or catch up) trains on their completions only, not its own,
-        # until they show they train on its own too. Its peers, senior to it, do not wait for a young peer
-        # (dgrpo.daemon.membership: Sybils must not stall rounds), so its first rounds' completions reach them
-        # after they closed the round; a node always trains on its own, so it would differ from them each round.
-        # Following, it holds their state; when they do take its completions, its state differs from theirs
-        # once, it takes theirs (agree) and from then on trains on its own completions as they do.
-        self.following = False
-        self._trained_own: dict[int, bool] = {}  # round -> whether this node trained on its own completions
 
     # ----------------------------------------------------------------- serving and announcing
     def open(self, gossip: GossipNode, transport: Libp2pTransport) -> None:
@@ -87,11 +79,17 @@ class WeightsSync:
         self.rejected.add(peer, reason)
         self.by_reason[reason] += 1
 
-    def trains_own(self, round_idx: int) -> bool:
-        """Whether this node trains on its own completions in round ``round_idx`` (not while following)."""
-        self._trained_own = {r: v for r, v in self._trained_own.items() if r > round_idx - 4}
-        self._trained_own[round_idx] = not self.following
-        return not self.following
+    def in_step(self, target: int, peers: set[str]) -> set[str]:
+        """Those of ``peers`` that announce the state this node holds after round ``target``: they play the next
+        round from the weights this node plays it from (a joiner that took the network's state, among them)."""
+        if self.own is None or self.own.round != target or self.transport is None:
+            return set()
+        held = (self.own.round, self.own.root)
+        return {
+            p.peer_id
+            for p in self.transport.peer_table()
+            if p.peer_id in peers and (p.state_round, p.state_root) == held
+        }
 
     async def completed(self, round_idx: int) -> None:
         """After round ``round_idx``: serve and announce this node's state (a worker thread hashes it)."""
@@ -148,7 +146,6 @@ class WeightsSync:
                 if self.own is not None and majority.root == self.own.root:
                     return None  # it holds that state already
                 if await self._take(majority, "joined" if self.own is None else "caught up"):
-                    self.following = True
                     return majority.round
             if trio.current_time() >= deadline:
                 self._no_majority(target, "after waiting")
@@ -169,15 +166,10 @@ class WeightsSync:
         votes = {p: a if a is not None and a.round == target else None for p, a in self.votes(voters).items()}
         if not votes:
             return False
-        # A following node took its peers' state and trusts them over itself: it does not vote (with one peer,
-        # its own vote would tie every disagreement and it would never take their state again).
-        own = self.own if self.own.round == target and not self.following else None
+        own = self.own if self.own.round == target else None
         majority = majority_root(votes, target, own)
         if majority is None or majority.root == self.own.root:
             return False
-        # Following, it left its own completions out: differing now, its peers took them in.
-        if self.following and self._trained_own.get(target) is False:
-            self.following = False
         return await self._take(majority, "diverged")
 
     async def _take(self, majority: Majority, why: str) -> bool:
@@ -235,7 +227,6 @@ class WeightsSync:
             "served_pieces": self.server.pieces_sent,
             "adopted": self.adopted[-5:],
             "adoptions": len(self.adopted),
-            "following": self.following,
             "rejected_by_reason": dict(self.by_reason),
             "rejected_by_peer_reason": self.rejected.snapshot(),
         }
