@@ -139,10 +139,13 @@ def test_late_joiner_starts_at_the_current_round(tmp_path: Path) -> None:
         network_round = max(rounds_log(nd)[-1]["round"] for nd in nodes)
         late = launch_node(2, 3, tmp_path, None, [tcp_address(nodes[0])], extra=FAST)
         nodes.append(late)
-        wait_until(lambda: len(rounds_log(late)) >= 1, 240, "the late joiner's first round")
-        first = rounds_log(late)[0]
-        assert first["round"] >= network_round, "a late joiner starts at the network's round, not at 1"
-        assert len(first["authors"]) == 3  # it joins at a round it sees whole: everyone's completions
+        wait_until(lambda: len(rounds_log(late)) >= 2, 240, "the late joiner's first two rounds")
+        watched, played = rounds_log(late)[:2]
+        assert watched["round"] >= network_round, "a late joiner starts at the network's round, not at 1"
+        # It took its peers' state, then watched the round in progress (their completions only: it published
+        # none, docs/protocol.md "Weights sync"), and plays the next one whole: everyone's completions.
+        assert len(watched["authors"]) == 2 and played["round"] == watched["round"] + 1
+        assert len(played["authors"]) == 3
     finally:
         stop_nodes(nodes)
 

@@ -171,6 +171,10 @@ class CompletionExchange(Exchange):
         if own is None and not d.rounds_done and not d.under_way():
             return  # nobody under way: the network starts with us, from the base weights
         d.state = "syncing"
+        if d.inbox.opened and d.inbox.current < d.round:
+            # A node that fell behind still listens at its old round, where its peers' rollouts of the round it
+            # will watch are too far ahead to keep: listen at the network's from now on.
+            d.inbox.open(d.round)
         taken = await self.sync.align(d.round - 1, d.under_way)
         if taken is not None:
             # Announced at once: the next round this node plays is the one after the round it watches, so its
