@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 ENV = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}

@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dgrpo.daemon.testnet import NetNode, launch_node, stop_nodes, tcp_address, wait_rounds
 
+pytestmark = pytest.mark.slow
 JOIN_AT = 20
 AFTER_JOIN = 4
 ONE_PEER = ["rounds.min_peers=1"]
