@@ -113,9 +113,15 @@ class CompletionExchange(Exchange):
             if self.syncs:
                 await self._young_in_step(r, expected, still_expected, t0)
             collected = await collect_phase(d.inbox, r, expected, s.deadline_seconds, still_expected)
+            took = False
             if self.syncs:
-                await self.sync.agree(r - 1, d.under_way())
-            outcome = await consume_phase(d.node, r, own, collected, t0, d.limiter, s.slowdown)
+                under_way = d.under_way()
+                took = await self.sync.agree(r - 1, under_way, self.sync.in_step(r - 1, d.live_peers(), set(under_way)))
+            # A node apart from the majority was most likely left out of their last round (they did not wait for
+            # it); they will most likely leave its completions of this one out too, so it trains on theirs only,
+            # as a joiner watches, and holds their state after it: its next announcement matches theirs, and
+            # they wait for it from then on.
+            outcome = await consume_phase(d.node, r, [] if took else own, collected, t0, d.limiter, s.slowdown)
             await self._finish_round(outcome)
             if outcome.departed:
                 gone = ", ".join(peer[-8:] for peer in outcome.departed)
@@ -147,12 +153,15 @@ class CompletionExchange(Exchange):
         training on different sets, would hold different weights from then on. A young peer that copies the
         announcement and never delivers costs a round at most twice its time (or the wait), not the deadline."""
         d = self.d
-        young = self.sync.in_step(r - 1, d.live_peers() - expected)
         wait = d.settings.sync.young_wait_seconds
-        if not young or not wait:
+        if not wait:
             return
         with trio.move_on_after(d.settings.rounds.deadline_seconds):
             await d.inbox.wait_complete(r, expected, still_expected)
+        # Asked after the expected peers delivered: a joiner's announcement has had a round's generation to arrive.
+        young = self.sync.in_step(r - 1, d.live_peers() - expected, set(d.under_way()))
+        if not young:
+            return
 
         def still(waiting: set[str]) -> set[str]:  # the young ones stay expected while live
             return still_expected(waiting) | (waiting & young & d.live_peers())

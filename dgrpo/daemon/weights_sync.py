@@ -27,6 +27,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import trio
@@ -79,17 +80,27 @@ class WeightsSync:
         self.rejected.add(peer, reason)
         self.by_reason[reason] += 1
 
-    def in_step(self, target: int, peers: set[str]) -> set[str]:
-        """Those of ``peers`` that announce the state this node holds after round ``target``: they play the next
-        round from the weights this node plays it from (a joiner that took the network's state, among them)."""
-        if self.own is None or self.own.round != target or self.transport is None:
+    def in_step(self, target: int, peers: set[str], seniors: set[str]) -> set[str]:
+        """Those of ``peers`` that announce, after round ``target``, the state this node or one of ``seniors``
+        holds: they play the next round from the network's weights (a joiner that took them, among them). A
+        young peer can copy an announcement; what it gains is a bounded wait (the caller's), nothing more."""
+        if self.transport is None:
             return set()
-        held = (self.own.round, self.own.root)
+        table = {p.peer_id: p for p in self.transport.peer_table()}
+        held = {(a.round, a.root) for a in (self.own, *(self._announced(table, p) for p in seniors)) if a}
         return {
-            p.peer_id
-            for p in self.transport.peer_table()
-            if p.peer_id in peers and (p.state_round, p.state_root) == held
+            p
+            for p in peers
+            if p in table
+            and (table[p].state_round, table[p].state_root) in held - {(0, b"")}
+            and (table[p].state_round == target)
         }
+
+    def _announced(self, table: dict[str, Any], peer: str) -> Announcement | None:
+        info = table.get(peer)
+        if info is None or not info.state_round or info.state_base != self.base:
+            return None
+        return Announcement(info.state_round, info.state_root)
 
     async def completed(self, round_idx: int) -> None:
         """After round ``round_idx``: serve and announce this node's state (a worker thread hashes it)."""
@@ -142,6 +153,11 @@ class WeightsSync:
             if newest <= (self.own.round if self.own is not None else 0):
                 return None
             majority = majority_root(votes, target)
+            if majority is None and all(a is not None and a.round >= target for a in votes.values()):
+                # Every voter announced a state of that round or later and no state has a majority: they hold
+                # different weights, and waiting will not make them agree.
+                self._no_majority(target, "(the peers hold different states)")
+                return None
             if majority is not None:
                 if self.own is not None and majority.root == self.own.root:
                     return None  # it holds that state already
@@ -155,7 +171,7 @@ class WeightsSync:
                 log.info("waiting for peers to agree on the state of round %d (%.0f s)", target, said - t0)
             await trio.sleep(POLL_SECONDS)
 
-    async def agree(self, target: int, voters: list[str]) -> bool:
+    async def agree(self, target: int, voters: list[str], young: AbstractSet[str] = frozenset()) -> bool:
         """Before this node trains on round ``target + 1``: take the state of round ``target`` that a strict
         majority of the voters (its peers and itself) hold where it is not this node's (it diverged). True
         when it took one."""
@@ -168,6 +184,14 @@ class WeightsSync:
             return False
         own = self.own if self.own.round == target else None
         majority = majority_root(votes, target, own)
+        if majority is None and young:
+            # No majority of the seniors and this node (two seniors apart, where a young peer's completions
+            # reached one before it closed the round and not the other): young peers in step break the tie,
+            # for a state a senior or this node holds (they cannot bring in weights of their own).
+            held = {a.root for a in (own, *votes.values()) if a is not None}
+            extra = {p: a for p, a in self.votes(sorted(young)).items() if a is not None and a.round == target}
+            extra = {p: a for p, a in extra.items() if a.root in held}
+            majority = majority_root({**votes, **extra}, target, own)
         if majority is None or majority.root == self.own.root:
             return False
         return await self._take(majority, "diverged")
