@@ -46,6 +46,7 @@ from dgrpo.protocol.sync import (
     parse_request,
     sync_protocol,
 )
+from tests.stream_pipes import Counts, Pipe
 
 RUN = "sync-run"
 ALICE = Identity.from_seed(bytes([1]) * 32)
@@ -63,26 +64,6 @@ def flat(seed: int = 0, size: int = SIZE) -> torch.Tensor:
 def snapshot(ident: Identity = ALICE, round_idx: int = 3, seed: int = 0, **changes: Any) -> Snapshot:
     args: dict[str, Any] = {"run_id": RUN, "flat": flat(seed), "stats": STATS, "aggregator": None, "history": {}}
     return make_snapshot(ident, round_idx=round_idx, **{**args, **changes})
-
-
-class Pipe:
-    """One end of an in-memory byte stream with py-libp2p's stream methods (``read`` returns up to ``n``)."""
-
-    def __init__(self, end: Any) -> None:
-        self.end = end
-
-    async def read(self, n: int) -> bytes:
-        data: bytes = await self.end.receive_some(n)
-        return data
-
-    async def write(self, data: bytes) -> None:
-        await self.end.send_all(data)
-
-    async def close(self) -> None:
-        await self.end.send_eof()
-
-    async def reset(self) -> None:
-        await self.end.aclose()
 
 
 Handler = Callable[[Stream], Awaitable[None]]
@@ -113,14 +94,6 @@ def answering(data: bytes, close: bool = True) -> Handler:
             await trio.sleep_forever()
 
     return handle
-
-
-class Counts:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str]] = []
-
-    def __call__(self, reason: str, peer: str) -> None:
-        self.seen.append((reason, peer))
 
 
 def run(test: Callable[[trio.Nursery], Awaitable[None]]) -> None:

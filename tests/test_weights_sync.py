@@ -38,6 +38,7 @@ from dgrpo.protocol.train_sync import (
     state_protocol,
     state_root,
 )
+from tests.stream_pipes import Counts, Pipe
 
 RUN = "sync-run"
 PIECE = MIN_PIECE_BYTES  # small pieces: a state of a few pieces in tests
@@ -135,35 +136,7 @@ def test_header_checks() -> None:
 
 
 # ----------------------------------------------------------------- client and server, in memory
-class Pipe:
-    """One end of an in-memory byte stream with py-libp2p's stream methods (``read`` returns up to ``n``)."""
-
-    def __init__(self, end: Any) -> None:
-        self.end = end
-
-    async def read(self, n: int) -> bytes:
-        data: bytes = await self.end.receive_some(n)
-        return data
-
-    async def write(self, data: bytes) -> None:
-        await self.end.send_all(data)
-
-    async def close(self) -> None:
-        await self.end.send_eof()
-
-    async def reset(self) -> None:
-        await self.end.aclose()
-
-
 Handler = Callable[[Stream], Awaitable[None]]
-
-
-class Counts:
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str]] = []
-
-    def __call__(self, reason: str, peer: str) -> None:
-        self.seen.append((reason, peer))
 
 
 def network(nursery: trio.Nursery, handlers: dict[str, Handler]) -> Callable[[str], Awaitable[Stream]]:
