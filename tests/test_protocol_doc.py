@@ -130,38 +130,6 @@ def test_state_sync(doc: str) -> None:
     assert " ".join(f"{b:02x}" for b in encode_request(1)[:4]) in doc and f"at most {MAX_HEADER_BYTES} bytes" in doc
 
 
-def test_weights_sync(doc: str) -> None:
-    from dgrpo.net.train_sync import PIECES_PER_REQUEST, SERVE_STREAMS
-    from dgrpo.protocol.train_sync import (
-        MAX_HEADER_BYTES as STATE_HEADER_BYTES,
-    )
-    from dgrpo.protocol.train_sync import (
-        PIECE_BYTES,
-        ROOT_TAG,
-        STATE_REASONS,
-        StateHeader,
-        encode_head_request,
-        piece_hashes,
-        state_protocol,
-        state_root,
-    )
-
-    rows = table_after(doc, "#### State header", ["field", "type", "notes"])
-    assert [r[0] for r in rows] == list(StateHeader.model_fields)
-    rows = table_after(doc, "#### State checks", ["reason", "side", "check"])
-    assert tuple(r[0] for r in rows) == STATE_REASONS
-    assert f"`{state_protocol('RUN').replace('RUN', '<run>')}`" in doc
-    assert " ".join(f"{b:02x}" for b in ROOT_TAG) in doc and f"`{ROOT_TAG[:-1].decode()}` 0x00" not in doc
-    assert " ".join(f"{b:02x}" for b in encode_head_request()[:4]) in doc
-    assert f"at most {STATE_HEADER_BYTES} bytes" in doc and PIECE_BYTES == 1 << 20
-    assert f"at most {PIECES_PER_REQUEST}" in doc and f"at most {SERVE_STREAMS} streams" in doc
-    state = b"dgrpo" * 30000
-    assert (
-        code_block_after(doc, "<!-- test-vector: state-root -->")
-        == state_root(len(state), 65536, piece_hashes(state, 65536)).hex()
-    )
-
-
 def test_reason_codes(doc: str) -> None:
     rows = table_after(doc, "## Validation", ["reason", "check", "counts towards blacklisting"])
     assert tuple(r[0] for r in rows) == REASONS

@@ -313,3 +313,26 @@ def test_weights_sync_over_libp2p_streams() -> None:
 
     trio.run(main)
     assert counts.seen == []
+
+
+# ----------------------------------------------------------------- the protocol document
+def test_the_protocol_document_states_the_weights_sync() -> None:
+    """docs/protocol.md's "Weights sync": its tables list the header's fields and the reason codes in order, and
+    its constants and root test vector are the code's."""
+    from dgrpo.net.train_sync import PIECES_PER_REQUEST, SERVE_STREAMS
+    from dgrpo.protocol.train_sync import MAX_HEADER_BYTES, PIECE_BYTES, STATE_REASONS, StateHeader
+    from tests.test_protocol_doc import DOC, code_block_after, table_after
+
+    doc = DOC.read_text(encoding="utf-8")
+    rows = table_after(doc, "#### State header", ["field", "type", "notes"])
+    assert [r[0] for r in rows] == list(StateHeader.model_fields)
+    rows = table_after(doc, "#### State checks", ["reason", "side", "check"])
+    assert tuple(r[0] for r in rows) == STATE_REASONS
+    assert f"`{state_protocol('RUN').replace('RUN', '<run>')}`" in doc
+    assert " ".join(f"{b:02x}" for b in ROOT_TAG) in doc
+    assert " ".join(f"{b:02x}" for b in encode_head_request()[:4]) in doc
+    assert f"at most {MAX_HEADER_BYTES} bytes" in doc and PIECE_BYTES == 1 << 20
+    assert f"at most {PIECES_PER_REQUEST}" in doc and f"at most {SERVE_STREAMS} streams" in doc
+    state = b"dgrpo" * 30000
+    vector = code_block_after(doc, "<!-- test-vector: state-root -->")
+    assert vector == state_root(len(state), 65536, piece_hashes(state, 65536)).hex()
