@@ -17,7 +17,9 @@ machine). Per testnet, for the two fast nodes (0 and 1), each running ``--steps`
 
 Targets: async with a straggler within 2 points of sync's accuracy at equal steps, and the fast nodes' steps per
 minute not dropping (drop >= 0.9); sync shows the drop. ``--repeats R`` runs the straggler pair R times in all,
-each with another run id (other prompts), and prints the accuracy difference's mean and standard error.
+each with another run id (other prompts), and prints the accuracy difference's mean and standard error, with the
+verdict of ``benchmarks/verdict.py``: "met" only where the mean is above -2 points by more than two standard
+errors, "not met" where it is below by more than two, "level" otherwise (one pair: undecided).
 Writes ``async.json``, ``async.csv`` and ``async.png``.
 """
 
@@ -27,11 +29,14 @@ import argparse
 import csv
 import json
 import statistics
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the checkout's benchmarks/
+from benchmarks.verdict import verdict
 from dgrpo.daemon.checkpoint import CheckpointManager
 from dgrpo.daemon.testnet import NetNode, rounds_log, start_testnet, stop_nodes, wait_until
 
@@ -162,6 +167,8 @@ def main() -> None:
         "repeats": [{"sync": round(s, 4), "async": round(a, 4)} for s, a in pairs],
         "async_vs_sync_points_mean": round(statistics.fmean(gaps), 2),
         "async_vs_sync_points_se": round(statistics.stdev(gaps) / len(gaps) ** 0.5, 2) if len(gaps) > 1 else None,
+        # the target: async at most 2 points below sync, beyond the repeats' noise
+        "async_vs_sync_verdict": verdict(gaps, target=-2.0),
         "rows": rows,
     }
     (args.out / "async.json").write_text(json.dumps(summary, indent=2))
@@ -184,7 +191,8 @@ def main() -> None:
     if len(pairs) > 1:
         print(
             f"over {len(pairs)} repeats with the straggler (other run ids): async - sync "
-            f"{summary['async_vs_sync_points_mean']} +/- {summary['async_vs_sync_points_se']} points (mean, s.e.)"
+            f"{summary['async_vs_sync_points_mean']} +/- {summary['async_vs_sync_points_se']} points (mean, s.e.); "
+            f"target within 2 points: {summary['async_vs_sync_verdict']}"
         )
 
 

@@ -187,7 +187,7 @@ def main() -> None:
     runner.get_task = get_task  # type: ignore[assignment]
     scenario = load_scenario(Path(args.scenario), [f"rounds={args.rounds}", *args.set])
     t0 = time.perf_counter()
-    summary = runner.run_simulation(scenario, args.out)
+    summary = runner.run_simulation(scenario, args.out, overwrite=True)  # a new measurement: replace the last
     wall = time.perf_counter() - t0
     result = {
         "dgrpo": str(Path(dgrpo.__file__).resolve().parent),
@@ -199,10 +199,10 @@ def main() -> None:
         "reward_ms_per_completion": round(1000 * clock.seconds / max(1, clock.completions), 3),
         "wall_seconds": round(wall, 1),
         "reward_share_of_wall": round(clock.seconds / wall, 3),
-        "accuracy": summary.get("accuracy"),
-        "asr": summary.get("asr"),
-        "final_accuracy": summary.get("final_accuracy"),
-        "final_asr": summary.get("final_asr"),
+        "accuracy": summary.accuracy,
+        "asr": summary.asr,
+        "final_accuracy": summary.final_accuracy,
+        "final_asr": summary.final_asr,
     }
     (args.out / "reward_time.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -13,7 +13,8 @@ present. Writes ``table.json``, ``table.csv``, ``table.md`` (the markdown of doc
 ``accuracy.png`` (held-out accuracy per round, mean over seeds, of every method) and prints the table with
 the issue's targets checked: dense Fed-GRPO >= FedAvg; sparse Fed-GRPO at >= 32x entries at most 1 point
 below the dense run, at >= 600x at most 5 points below; the attacker's weight share and accuracy with and
-without the defense.
+without the defense. A target is "met" only where the seed-by-seed difference clears it by more than two standard
+errors, "level" within two, "not met" beyond two short of it (``benchmarks/verdict.py``); one seed is "undecided".
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the checkout's benchmarks/
+from benchmarks.verdict import mean_se, verdict, verdict_from
+from dgrpo.simulations.summary import FederatedSummary, has_summary, load_summary
 
 DENSE_FED_GRPO = ["federated.weighting=signal", "federated.calibration.enabled=true"]
 # (row name, scenario, overrides)
@@ -94,9 +99,9 @@ def run_one(name: str, scenario: str, overrides: list[str], path: Path, seed: in
         extra.append(f"run_id='fed-s{seed}'")
     sc = load_scenario(Path(scenario), [*overrides, *extra])
     t0 = time.perf_counter()
-    summary = run_simulation(sc, path)
+    summary = run_simulation(sc, path, overwrite=True)  # run again (without --reuse): the earlier run is replaced
     print(
-        f"  {name} (seed {seed}): accuracy {summary['final_accuracy']:.3f} in {time.perf_counter() - t0:.0f}s",
+        f"  {name} (seed {seed}): accuracy {summary.final_accuracy:.3f} in {time.perf_counter() - t0:.0f}s",
         flush=True,
     )
 
@@ -105,18 +110,22 @@ def row_result(name: str, scenario: str, overrides: list[str], out: Path) -> dic
     """The row over every seed whose run folder holds a summary (None when there is none)."""
     runs = []
     seed = 0
-    while (folder(out, name, seed) / "summary.json").is_file():
-        runs.append(json.loads((folder(out, name, seed) / "summary.json").read_text()))
+    while has_summary(folder(out, name, seed)):
+        runs.append(load_summary(folder(out, name, seed)))
         seed += 1
     if not runs:
         return None
-    feds = [r["federated"] for r in runs]
-    finals = [r["final_accuracy"] for r in runs]
-    rounds = [p[0] for p in feds[0]["accuracy"]]
-    curve = [[r, statistics.mean(f["accuracy"][i][1] for f in feds)] for i, r in enumerate(rounds)]
+    feds: list[FederatedSummary] = []
+    for r in runs:
+        if r.federated is None:
+            raise SystemExit(f"{folder(out, name, len(feds))}: not a federated run (no `federated` in summary.json)")
+        feds.append(r.federated)
+    finals = [r.final_accuracy for r in runs]
+    rounds = [p[0] for p in feds[0].accuracy]
+    curve = [[r, statistics.mean(f.accuracy[i][1] for f in feds)] for i, r in enumerate(rounds)]
 
     def mean_of(key: str) -> float | None:
-        values = [f.get(key) for f in feds]
+        values = [getattr(f, key) for f in feds]
         return statistics.mean(values) if all(v is not None for v in values) else None
 
     return {
@@ -134,7 +143,7 @@ def row_result(name: str, scenario: str, overrides: list[str], out: Path) -> dic
         "compression_bytes": mean_of("compression_bytes"),
         "attacker_weight_share": mean_of("attacker_weight_share"),
         "attacker_influence": mean_of("attacker_influence"),
-        "wall_seconds": statistics.mean(r["wall_seconds"] for r in runs),
+        "wall_seconds": statistics.mean(r.wall_seconds for r in runs),
     }
 
 
@@ -210,16 +219,18 @@ def targets(by_name: dict[str, dict[str, Any]]) -> list[str]:
         pairs = list(zip(by_name[a]["final_accuracies"], by_name[b]["final_accuracies"], strict=False))
         return statistics.mean(x for x, _ in pairs), statistics.mean(y for _, y in pairs), len(pairs)
 
-    def paired(a: str, b: str) -> str:
-        """b - a seed by seed, in points, with the mean and its standard error: how far the gap stands from
-        the seed noise."""
+    def diffs(a: str, b: str) -> list[float]:
+        """b - a seed by seed, in points (seed i of both rows shares prompts and sampling seeds)."""
         pairs = zip(by_name[a]["final_accuracies"], by_name[b]["final_accuracies"], strict=False)  # the fewer seeds
-        diffs = [100 * (y - x) for x, y in pairs]
-        if len(diffs) < 2:
+        return [100 * (y - x) for x, y in pairs]
+
+    def paired(a: str, b: str) -> str:
+        """b - a seed by seed, with the mean and its standard error: how far the gap stands from the seed noise."""
+        d = diffs(a, b)
+        if len(d) < 2:
             return ""
-        sem = statistics.stdev(diffs) / len(diffs) ** 0.5
-        each = ", ".join(f"{d:+.1f}" for d in diffs)
-        return f" (per seed {each}; mean {statistics.mean(diffs):+.2f} ± {sem:.2f} s.e. points)"
+        mean, sem = mean_se(d)
+        return f" (per seed {', '.join(f'{x:+.1f}' for x in d)}; mean {mean:+.2f} ± {sem:.2f} s.e. points)"
 
     for fedavg_row, fed_grpo_row in (
         ("FedAvg", "+ signal weighting"),
@@ -233,10 +244,10 @@ def targets(by_name: dict[str, dict[str, Any]]) -> list[str]:
         means = acc(fedavg_row, fed_grpo_row)
         if means is not None:
             fedavg, fed_grpo, n = means
-            verdict = "met" if fed_grpo >= fedavg else "NOT met"
+            # Ahead of FedAvg beyond the seed noise: a lead inside two standard errors is level, not ahead.
             out.append(
-                f"{fed_grpo_row} >= {fedavg_row}: {fed_grpo:.3f} vs {fedavg:.3f} ({n} seeds): {verdict}"
-                + paired(fedavg_row, fed_grpo_row)
+                f"{fed_grpo_row} >= {fedavg_row}: {fed_grpo:.3f} vs {fedavg:.3f} ({n} seeds): "
+                f"{verdict(diffs(fedavg_row, fed_grpo_row), target=0.0)}" + paired(fedavg_row, fed_grpo_row)
             )
     for fedavg_row, fed_grpo_row in (
         ("FedAvg (skewed)", "Fed-GRPO (skewed)"),
@@ -254,10 +265,10 @@ def targets(by_name: dict[str, dict[str, Any]]) -> list[str]:
         if means is not None:
             base, value, n = means
             comp = by_name[name]["compression_entries"]
-            ok = value >= base - allowed
+            within = verdict(diffs(reference, name), target=-100 * allowed)  # above -allowed beyond two s.e.
             out.append(
                 f"sparse {label} ({comp:.0f}x entries) within {allowed * 100:.0f} point(s) of dense: "
-                f"{value:.3f} vs {base:.3f} ({n} seeds): {'met' if ok else 'NOT met'}" + paired(reference, name)
+                f"{value:.3f} vs {base:.3f} ({n} seeds): {within}" + paired(reference, name)
             )
     return out
 
@@ -274,10 +285,9 @@ def beyond_noise(fedavg: dict[str, Any], fed_grpo: dict[str, Any]) -> str:
     se = 100 * (statistics.variance(a) / n + statistics.variance(b) / n) ** 0.5
     diffs = [100 * (y - x) for x, y in zip(a, b, strict=True)]
     paired_se = statistics.stdev(diffs) / n**0.5
-    verdict = "met" if gap > 2 * se else "NOT met"
     return (
         f"{fed_grpo['method']} - {fedavg['method']} > 2 s.e. ({n} seeds): {gap:+.2f} points, s.e. {se:.2f} "
-        f"(paired {paired_se:.2f}): {verdict}; per seed {', '.join(f'{d:+.1f}' for d in diffs)}"
+        f"(paired {paired_se:.2f}): {verdict_from(gap, se)}; per seed {', '.join(f'{d:+.1f}' for d in diffs)}"
     )
 
 
@@ -317,7 +327,7 @@ def main() -> None:
         (n, sc, o, folder(args.out, n, seed), seed)
         for n, sc, o in chosen
         for seed in range(args.seeds)
-        if not args.assemble and not (args.reuse and (folder(args.out, n, seed) / "summary.json").is_file())
+        if not args.assemble and not (args.reuse and has_summary(folder(args.out, n, seed)))
     ]
     print(f"{len(todo)} runs, {args.jobs} at a time -> {args.out}", flush=True)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -350,35 +360,39 @@ def side_by_side(chosen: list[tuple[str, str, list[str]]], out: Path, reuse: boo
         "(entries) | seconds / round |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    report = []
+    report: list[dict[str, Any]] = []
     for name, scenario, overrides in chosen:
         ours_dir, flower_dir = folder(out, name, 0), out / f"{slug(name)}-flower"
-        if not (ours_dir / "summary.json").is_file():
+        if not has_summary(ours_dir):
             continue
-        if not (reuse and (flower_dir / "summary.json").is_file()):
+        if not (reuse and has_summary(flower_dir)):
             print(f"  {name} on Flower ...", flush=True)
             run_on_flower(scenario, overrides, flower_dir)
-        ours = json.loads((ours_dir / "summary.json").read_text())
-        flower = json.loads((flower_dir / "summary.json").read_text())
+        ours, flower = load_summary(ours_dir), load_summary(flower_dir)
         ours_rounds = [json.loads(line)["seconds"] for line in (ours_dir / "metrics.jsonl").read_text().splitlines()]
-        flower_rounds = flower["flower"]["round_seconds"]
-        entry = {
+        flower_extra = flower.flower or {}
+        flower_rounds = flower_extra["round_seconds"]
+        assert ours.federated is not None and flower.federated is not None  # both runs of a federated row
+        entry: dict[str, Any] = {
             "method": name,
-            "ours": {"final_accuracy": ours["final_accuracy"], "seconds_per_round": statistics.mean(ours_rounds)},
+            "ours": {"final_accuracy": ours.final_accuracy, "seconds_per_round": statistics.mean(ours_rounds)},
             "flower": {
-                "final_accuracy": flower["final_accuracy"],
+                "final_accuracy": flower.final_accuracy,
                 "seconds_per_round": statistics.mean(flower_rounds),
-                "startup_seconds": flower["flower"].get("startup_seconds"),
+                "startup_seconds": flower_extra.get("startup_seconds"),
             },
-            "same_weights": ours["federated"]["global_weights_digest"] == flower["federated"]["global_weights_digest"],
+            "same_weights": ours.federated.global_weights_digest == flower.federated.global_weights_digest,
         }
         entry["overhead_per_round"] = entry["flower"]["seconds_per_round"] - entry["ours"]["seconds_per_round"]
         report.append(entry)
         for engine, summary, per_round in (("dgrpo", ours, ours_rounds), ("Flower", flower, flower_rounds)):
-            fed = summary["federated"]
+            fed = summary.federated
+            assert fed is not None
+            traffic = fed.bytes_per_client_per_round
+            kib = traffic / 1024 if traffic is not None else None
             lines.append(
-                f"| {name} | {engine} | {summary['final_accuracy']:.3f} | {fed['entries_per_client_per_round']:,.0f} "
-                f"| {fed['bytes_per_client_per_round'] / 1024:,.0f} KiB | {fed['compression_entries']:.1f}x "
+                f"| {name} | {engine} | {summary.final_accuracy:.3f} | {fmt(fed.entries_per_client_per_round, ',.0f')} "
+                f"| {fmt(kib, ',.0f')} KiB | {fmt(fed.compression_entries, '.1f')}x "
                 f"| {statistics.mean(per_round):.1f} |"
             )
     (out / "flower.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -7,8 +7,9 @@ and one heterogeneous run (SmolLM2-135M beside Gemma-3-270m) under the cross-mod
     .venv/bin/python benchmarks/real_study.py --out runs/real-study --summarize-only   # tables and plots
 
 Each run is a `dgrpo simulate` of the scenario with the run's overrides, in ``OUT/<run>``; a run whose
-``summary.json`` exists is not run again (resumable: hours in all on 2 cores, one run at a time; rerun the
-same command after an interruption). Progress: one line per round on stderr. At the end (and with
+``summary.json`` says it completed is not run again, an interrupted one with a saved state is resumed, any other
+is run again from the start (hours in all on 2 cores, one run at a time; rerun the same command after an
+interruption). Progress: one line per round on stderr. At the end (and with
 ``--summarize-only``) it writes ``OUT/study.json``, ``OUT/study.csv``, ``OUT/study.md`` and the plots
 ``OUT/reward.png``, ``OUT/asr.png``: reward curves, ASR over rounds, stop rate and false-positive rate, wall
 time per round. The heterogeneous run needs the Gemma-3-270m wheels (``dgrpo/learner/gemma3.py``).
@@ -30,6 +31,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from dgrpo.simulations.summary import RunSummary, has_summary, load_summary
+
 # The best homogeneous chain of docs/results.md (stop 1.000 at FPR 0 against every attack on the tiny
 # models) and the cross-model one (surprisal + repetition, "new" in the heterogeneous table).
 HOMOGENEOUS_CHAIN = '["code-policy","sampling-proof"]'
@@ -45,14 +48,15 @@ RUNS: dict[str, list[str]] = {
 }  # fmt: skip
 
 
-def run_one(name: str, scenario: str, rounds: int, sets: list[str], out: Path) -> dict[str, Any]:
-    from dgrpo.simulations.runner import run_simulation
+def run_one(name: str, scenario: str, rounds: int, sets: list[str], out: Path) -> RunSummary:
+    from dgrpo.simulations.run_folder import RunFolder
+    from dgrpo.simulations.runner import resume_simulation, run_simulation
     from dgrpo.simulations.scenario import load_scenario
 
     folder = out / name
-    if (folder / "summary.json").is_file():
+    if has_summary(folder) and (done := load_summary(folder)).complete:
         print(f"[{name}] done before: {folder}/summary.json", file=sys.stderr)
-        return dict(json.loads((folder / "summary.json").read_text()))
+        return done
     sc = load_scenario(Path(scenario), [f"rounds={rounds}", f"run_id='real-study-{name}'", *RUNS[name], *sets])
     started = time.monotonic()
 
@@ -65,32 +69,33 @@ def run_one(name: str, scenario: str, rounds: int, sets: list[str], out: Path) -
             bits.append(f"ASR {row['asr']:.3f}")
         print(f"[{name}] " + ", ".join(bits), file=sys.stderr, flush=True)
 
+    if RunFolder(folder).resumable():
+        print(f"[{name}] resuming the interrupted run in {folder}", file=sys.stderr, flush=True)
+        return resume_simulation(folder, progress)
     print(f"[{name}] {sc.nodes.count} nodes, {rounds} rounds -> {folder}", file=sys.stderr, flush=True)
-    return run_simulation(sc, folder, progress)
+    return run_simulation(sc, folder, progress, overwrite=True)  # what an interrupted run left: from the start
 
 
-def row_of(name: str, s: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-    d = s.get("defense") or {}
-    chain = d.get("names") or []
-    defended = (lambda key: d.get(key)) if chain else (lambda key: None)  # no chain: no stop rate, no FPR
+def row_of(name: str, s: RunSummary, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    d = s.defense if s.defense is not None and s.defense.names else None  # no chain: no stop rate, no FPR
     seconds = [r["seconds"] for r in rows if r.get("seconds") is not None]
     return {
         "run": name,
-        "models": s.get("model"),
-        "attack": s.get("attack"),
-        "defense": "+".join(chain) or "none",
-        "rounds": s.get("rounds"),
-        "initial_accuracy": s.get("initial_accuracy"),
-        "final_accuracy": s.get("final_accuracy"),
-        "final_asr": s.get("final_asr"),
-        "max_asr": max((v for _, v in s.get("asr") or []), default=None),
-        "stop_rate": defended("stop_rate"),
-        "false_positive_rate": defended("false_positive_rate"),
-        "attacker_share": s.get("attacker_share"),
-        "defense_overhead": defended("overhead_ratio"),
+        "models": s.model,
+        "attack": s.attack,
+        "defense": "+".join(d.names) if d is not None else "none",
+        "rounds": s.rounds,
+        "initial_accuracy": s.initial_accuracy,
+        "final_accuracy": s.final_accuracy,
+        "final_asr": s.final_asr,
+        "max_asr": s.max_asr,
+        "stop_rate": d.stop_rate if d is not None else None,
+        "false_positive_rate": d.false_positive_rate if d is not None else None,
+        "attacker_share": s.attacker_share,
+        "defense_overhead": d.overhead_ratio if d is not None else None,
         "honest_own_reward_last": rows[-1].get("honest_own_reward") if rows else None,
         "seconds_per_round": round(sum(seconds) / len(seconds), 1) if seconds else None,
-        "wall_seconds": s.get("wall_seconds"),
+        "wall_seconds": s.wall_seconds,
     }
 
 
@@ -98,9 +103,9 @@ def summarize(out: Path, names: list[str]) -> list[dict[str, Any]]:
     table, curves = [], {}
     for name in names:
         folder = out / name
-        if not (folder / "summary.json").is_file():
+        if not has_summary(folder):
             continue
-        s = json.loads((folder / "summary.json").read_text())
+        s = load_summary(folder)
         rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
         table.append(row_of(name, s, rows))
         curves[name] = (rows, s)
@@ -129,9 +134,9 @@ def summarize(out: Path, names: list[str]) -> list[dict[str, Any]]:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, (_, s) in curves.items():
-        if s.get("asr"):
-            ax.plot([r for r, _ in s["asr"]], [v for _, v in s["asr"]], marker="o", label=name)
-        ax.plot([r for r, _ in s.get("accuracy") or []], [v for _, v in s.get("accuracy") or []],
+        if s.asr:
+            ax.plot([r for r, _ in s.asr], [v for _, v in s.asr], marker="o", label=name)
+        ax.plot([r for r, _ in s.accuracy], [v for _, v in s.accuracy],
                 linestyle="--", alpha=0.6, label=f"{name}: held-out accuracy")  # fmt: skip
     ax.set(xlabel="round", ylabel="rate", title="ASR (solid) and held-out accuracy (dashed)", ylim=(-0.02, 1.02))
     ax.legend(fontsize=7)

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dgrpo.simulations.summary import RunSummary, load_summary
+
 ATTACK = ["nodes.malicious=1", "adversary.name=text", "model.name=dgrpo:tiny-arith-text", 'defense.chain=["logit"]']
 
 
@@ -35,12 +37,12 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def simulate(out: Path, overrides: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    cmd = [sys.executable, "-m", "dgrpo", "simulate", "--out", str(out)]
+def simulate(out: Path, overrides: list[str]) -> tuple[RunSummary, list[dict[str, Any]]]:
+    cmd = [sys.executable, "-m", "dgrpo", "simulate", "--out", str(out), "--overwrite"]  # a new measurement
     for o in overrides:
         cmd += ["-s", o]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    summary = json.loads((out / "summary.json").read_text())
+    summary = load_summary(out)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return summary, rows
 
@@ -85,7 +87,7 @@ def main() -> None:
                     f"{n} nodes attacked, batched",
                 )
             )
-    runs: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    runs: dict[str, tuple[RunSummary, list[dict[str, Any]]]] = {}
     table = []
     for i, (name, overrides, against) in enumerate(plan):
         progress(f"{name}: dgrpo simulate {' '.join('-s ' + o for o in overrides)}")
@@ -94,20 +96,20 @@ def main() -> None:
         row = {
             "run": name,
             "overrides": " ".join(overrides),
-            "wall_s": round(summary["wall_seconds"], 2),
-            "vs_1_node": round(summary["wall_seconds"] / runs["1 node"][0]["wall_seconds"], 2),
+            "wall_s": round(summary.wall_seconds, 2),
+            "vs_1_node": round(summary.wall_seconds / runs["1 node"][0].wall_seconds, 2),
             "vs_one_by_one": _vs_one_by_one(name, summary, runs),
-            "final_accuracy": summary["final_accuracy"],
-            "final_asr": summary.get("final_asr"),
+            "final_accuracy": summary.final_accuracy,
+            "final_asr": summary.final_asr,
             "compared_with": against,
             "same_rounds": same_rounds(rows, runs[against][1]) if against else None,
             "same_final": (
-                summary["final_accuracy"] == runs[against][0]["final_accuracy"]
-                and summary.get("final_asr") == runs[against][0].get("final_asr")
+                summary.final_accuracy == runs[against][0].final_accuracy
+                and summary.final_asr == runs[against][0].final_asr
             )
             if against
             else None,
-            "engine": summary["engine"],
+            "engine": summary.engine,
         }
         table.append(row)
         progress(f"  wall {row['wall_s']} s ({row['vs_1_node']}x 1 node), accuracy {row['final_accuracy']}")
@@ -132,14 +134,14 @@ def main() -> None:
 
 
 def _vs_one_by_one(
-    name: str, summary: dict[str, Any], runs: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]
+    name: str, summary: RunSummary, runs: dict[str, tuple[RunSummary, list[dict[str, Any]]]]
 ) -> float | None:
     """Wall time against the same network run one by one (the attacked rows' fair comparison: one node
     cannot be attacked)."""
     base = name.split(",")[0] + ", one by one"
     if base == name or base not in runs:
         return None
-    return round(summary["wall_seconds"] / runs[base][0]["wall_seconds"], 2)
+    return round(summary.wall_seconds / runs[base][0].wall_seconds, 2)
 
 
 def plot(table: list[dict[str, Any]], path: Path, rounds: int) -> None:

@@ -24,6 +24,7 @@ from dgrpo.net import memory
 from dgrpo.protocol.messages import Rollout
 from dgrpo.simulations import runner
 from dgrpo.simulations.scenario import load_scenario
+from dgrpo.simulations.summary import RunSummary
 
 
 class DirectNetwork(memory.InMemoryNetwork):
@@ -42,7 +43,7 @@ class DirectNetwork(memory.InMemoryNetwork):
         return transport
 
 
-def simulate(rounds: int, direct: bool) -> tuple[float, dict[str, Any]]:
+def simulate(rounds: int, direct: bool) -> tuple[float, RunSummary]:
     runner.InMemoryNetwork = DirectNetwork if direct else memory.InMemoryNetwork  # type: ignore[misc]
     scenario = load_scenario(None, [f"rounds={rounds}"])
     with tempfile.TemporaryDirectory() as out:
@@ -90,21 +91,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     walls: dict[bool, list[float]] = {False: [], True: []}
-    summaries: dict[bool, dict[str, Any]] = {}
+    summaries: dict[bool, RunSummary] = {}
     for _ in range(args.repeats):
         for direct in (False, True):  # interleaved, so that drifting machine load hits both alike
             wall, summaries[direct] = simulate(args.rounds, direct)
             walls[direct].append(wall)
     wire, plain = statistics.median(walls[False]), statistics.median(walls[True])
     sign, validate = per_message()
-    same = all(summaries[False][k] == summaries[True][k] for k in ("accuracy", "final_honest_reward"))
+    same = all(getattr(summaries[False], k) == getattr(summaries[True], k) for k in ("accuracy", "final_honest_reward"))
     print(f"default simulation, {args.rounds} rounds, median of {args.repeats}:")
     print(f"  over the wire (shipped)  {wire:7.1f} s")
     print(f"  objects handed over      {plain:7.1f} s")
     print(f"  wire / direct            {wire / plain:7.3f}")
     print(f"  per message: sign+encode {sign:.0f} us, validate+decode {validate:.0f} us (each receiver)")
     print(f"  same accuracy curve and final reward: {same}")
-    print(f"  messages accepted over the wire: {summaries[False]['wire']['messages_accepted']}")
+    print(f"  messages accepted over the wire: {summaries[False].wire['messages_accepted']}")
 
 
 if __name__ == "__main__":

@@ -236,3 +236,126 @@ def honest_run(folder: Path) -> Path:
 
 def federated_run(folder: Path, clients: list[str] = CLIENTS) -> Path:
     return write_run(folder, federated_summary(clients), federated_rows(clients))
+
+
+def seed_variant(seed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The attacked run with seed ``seed``: accuracy, ASR and rewards shifted, so that seeds spread."""
+    s = json.loads(json.dumps(ATTACKED))
+    shift = 0.125 * seed
+    s["accuracy"] = [[r, min(1.0, a + shift)] for r, a in ATTACKED["accuracy"]]
+    s["asr"] = [[r, max(0.0, a - shift)] for r, a in ATTACKED["asr"]]
+    s.update(final_accuracy=s["accuracy"][-1][1], honest_final_accuracy=s["accuracy"][-1][1], final_asr=s["asr"][-1][1])
+    s["scenario_config"] = {**CONFIG, "run_id": f"text-horizontal-s{seed}", "learner": {"lr": 0.0005, "seed": seed}}
+    rows = attacked_rows()
+    for row in rows:
+        row["honest_mean_reward"] += shift
+        row["accuracy"] = s["accuracy"][row["round"]][1]
+        row["asr"] = s["asr"][row["round"]][1]
+    return s, rows
+
+
+def write_study(root: Path) -> Path:
+    """A sweep's layout (``<scenario>/<defense>/seed<k>/``): text-horizontal x length,repetition x seeds 0, 1."""
+    for seed in (0, 1):
+        write_run(root / "text-horizontal" / "length,repetition" / f"seed{seed}", *seed_variant(seed))
+    return root
+
+
+DOS_LENGTHS = [[0, 32.0], [1, 48.0], [2, 70.0], [3, 90.0]]
+
+
+def dos_run(folder: Path) -> Path:
+    """A DoS run: its attack is measured by the honest nodes' mean completion length, not a success rate."""
+    s = json.loads(json.dumps(ATTACKED))
+    s.update(
+        scenario="dos-horizontal",
+        attack="dos",
+        asr_metric="mean_length",
+        asr=DOS_LENGTHS,
+        final_asr=90.0,
+        mean_length=DOS_LENGTHS,
+        final_mean_length=90.0,
+    )
+    s["defense"] = {**s["defense"], "names": ["length"], "stop_rate": 0.5, "false_positive_rate": 0.0,
+                    "counts": {"honest_received": 144, "honest_rejected": 0, "poison_received": 24,
+                               "poison_rejected": 12}}  # fmt: skip
+    s["scenario_config"] = {**CONFIG, "name": "dos-horizontal", "adversary": {"name": "dos", "seed": 0}}
+    rows = attacked_rows()
+    for row in rows:
+        row.pop("asr")
+        row["mean_length"] = DOS_LENGTHS[row["round"]][1]
+    return write_run(folder, s, rows)
+
+
+def honest_dos_baseline(folder: Path) -> Path:
+    s = honest_summary()
+    s.update(mean_length=[[0, 32.0], [1, 33.0], [2, 35.0], [3, 36.0]], final_mean_length=36.0)
+    return write_run(folder, s, honest_rows())
+
+
+# A 3-node testnet's files (`dgrpo testnet up -n 3 --rounds 2 --adversary text:1 --defense repetition
+# -s eval.every=1 -s eval.prompts=8`): the rounds' rows and the status figures as the daemons wrote them, peer ids
+# shortened and the keys the report does not read left out.
+PEERS = ["12D3KooWnode0", "12D3KooWnode1", "12D3KooWnode2"]
+TESTNET_ROWS = [
+    [(1, 1796665291.42, 1.58, 32, {"repetition:repeated_span": 16}, 0.6562, 0.0, 1.0, {1: 16, 0: 16}),
+     (2, 1796665292.542, 0.77, 32, {}, 0.625, 0.002697, 1.0, {1: 16, 0: 16})],
+    [(1, 1796665291.41, 1.44, 32, {"repetition:repeated_span": 16}, 0.6562, 0.0, 1.0, {1: 16, 0: 16}),
+     (2, 1796665292.715, 0.9, 32, {}, 0.625, 0.002697, 1.0, {1: 16, 0: 16})],
+    [(1, 1796665291.995, 2.01, 48, {}, 0.7708, -0.075776, 0.875, {2: 16, 1: 16, 0: 16}),
+     (2, 1796665295.26, 3.03, 16, {}, 1.0, 0.0, 0.875, {2: 16})],
+]  # fmt: skip
+
+
+def write_testnet(folder: Path, evaluated: bool = True) -> Path:
+    """``folder/node-<i>/`` as the testnet above left them (``evaluated=False``: run without ``eval.every``)."""
+    for i, peer in enumerate(PEERS):
+        node = folder / f"node-{i}"
+        node.mkdir(parents=True, exist_ok=True)
+        attacker = i == 2
+        settings = {
+            "run_id": "testnet",
+            "mode": "completions",
+            "task": {"name": "arith", "options": {}},
+            "model": {"name": "dgrpo:tiny-arith"},
+            "rollout": {"split": "horizontal"},
+            "rounds": {"max_rounds": 2},
+            "defense": {"chain": ["repetition"]},
+            "adversary": {"name": "text", "poison_fraction": 1.0} if attacker else None,
+            "learner": {"seed": 0},
+            "eval": {"every": 1 if evaluated else 0, "prompts": 8},
+        }
+        checked = {PEERS[2]: 16, PEERS[1 - i]: 32} if not attacker else {PEERS[0]: 16, PEERS[1]: 16}
+        rejected = {PEERS[2]: 16} if not attacker else {}
+        status = {
+            "peer_id": peer,
+            "run_id": "testnet",
+            "state": "stopped",
+            "rounds_done": 2,
+            "messages_accepted": [67, 72, 36][i],
+            "messages_rejected": {},
+            "messages_dropped": {},
+            "round_rejections": {},
+            "completions_trained_by_author": {PEERS[0]: 32, PEERS[1]: 32} if not attacker else {},
+            "adversary": {"name": "text", "poisoned": 32, "filled_honest": 0} if attacker else None,
+            "defense": {
+                "chain": ["repetition"],
+                "checked_by_author": checked,
+                "rejected_by_author": rejected,
+                "rejected_by_reason": {"repetition:repeated_span": 16} if rejected else {},
+                "blacklisted": {PEERS[2]: 1} if rejected else {},
+            },
+        }
+        rows = []
+        for r, t, sec, done, def_rej, reward, loss, acc, by_author in TESTNET_ROWS[i]:
+            row = {"event": "round", "time": t, "peer": peer, "round": r, "seconds": sec, "completions": done,
+                   "rejected": {}, "defense_rejected": def_rej, "mean_reward": reward, "loss": loss,
+                   "completions_by_author": {PEERS[a]: n for a, n in by_author.items()}}  # fmt: skip
+            if evaluated:
+                row["accuracy"] = acc
+            rows.append(json.dumps(row))
+        (node / "rounds.jsonl").write_text("\n".join(rows) + "\n")
+        (node / "settings.json").write_text(json.dumps(settings))
+        (node / "status.json").write_text(json.dumps(status))
+        (node / "node.json").write_text(json.dumps({"peer_id": peer, "listen_addrs": [], "status_url": None}))
+    return folder

@@ -19,6 +19,7 @@ from dgrpo.protocol.messages import SamplingParams
 from dgrpo.simulations.pool import LearnerPool
 from dgrpo.simulations.runner import run_simulation
 from dgrpo.simulations.scenario import load_scenario
+from dgrpo.simulations.summary import RunSummary
 from dgrpo.tasks import get_task
 
 
@@ -134,7 +135,7 @@ def test_an_error_reaches_every_caller_and_nobody_hangs() -> None:
     assert all(isinstance(o, Exception) for o in out)
 
 
-def _run(tmp: Path, name: str, overrides: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _run(tmp: Path, name: str, overrides: list[str]) -> tuple[RunSummary, list[dict[str, Any]]]:
     scenario = load_scenario(None, ["rounds=4", "eval.every=2", "eval.prompts=32", *overrides])
     summary = run_simulation(scenario, tmp / name)
     rows = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines()]
@@ -167,9 +168,9 @@ def test_a_batched_run_equals_the_one_by_one_run(tmp_path: Path, overrides: list
     batched, rows_b = _run(tmp_path, "batched", overrides)
     alone, rows_a = _run(tmp_path, "alone", [*overrides, "engine.batched=false"])
     _same(rows_b, rows_a)
-    assert batched["final_accuracy"] == alone["final_accuracy"]
-    stats = batched["engine"]["batched"]
-    assert alone["engine"]["batched"] is None
+    assert batched.final_accuracy == alone.final_accuracy
+    stats = batched.engine["batched"]
+    assert alone.engine["batched"] is None
     assert stats["generate_passes"] < stats["generate_calls"]  # it batched something
     assert stats["train_calls"] == 4 * 4
     if overrides == ["nodes.count=4"]:
@@ -182,5 +183,5 @@ def test_a_batched_run_equals_the_one_by_one_run(tmp_path: Path, overrides: list
 
 def test_heterogeneous_nodes_run_one_by_one_in_the_pool(tmp_path: Path) -> None:
     summary, _ = _run(tmp_path, "hetero", ["nodes.count=2", "nodes.mode=heterogeneous", "rounds=2"])
-    stats = summary["engine"]["batched"]
+    stats = summary.engine["batched"]
     assert stats["train_steps"] == stats["train_calls"] == 4

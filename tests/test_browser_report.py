@@ -1,5 +1,7 @@
-"""The HTML run page in a real browser (headless Chromium, ``tests/browser.py``): the plots draw, the tables sort
-on a header click, the full configuration folds out, hostile names run nothing, and the console stays clean."""
+"""The HTML pages in a real browser (headless Chromium, ``tests/browser.py``): on the run page the plots draw, the
+tables sort on a header click, the full configuration folds out, hostile names run nothing, and the console stays
+clean; on the comparison page (``dgrpo report A B C``) every overlay draws with its runs' labels, a DoS run's
+length on its own chart, a group of seeds with its spread, and the links to the run pages open them."""
 
 from __future__ import annotations
 
@@ -9,9 +11,20 @@ from typing import Any
 
 import pytest
 
+from dgrpo.simulations.comparison import build_comparison
 from dgrpo.simulations.html_report import write_report
 from tests.browser import browser
-from tests.report_runs import ATTACKED, attacked_rows, attacked_run, federated_run, write_run
+from tests.report_runs import (
+    ATTACKED,
+    attacked_rows,
+    attacked_run,
+    dos_run,
+    federated_run,
+    honest_dos_baseline,
+    write_run,
+    write_study,
+    write_testnet,
+)
 
 
 def column(page: Any, table: str, index: int) -> list[str]:
@@ -104,3 +117,56 @@ def test_hostile_names_run_nothing_in_the_browser(tmp_path: Path) -> None:
         assert b.page.title() == "dgrpo run: <img src=x onerror=alert(4)>"
         b.screenshot("report-hostile")
         assert dialogs == [] and b.errors == []
+
+
+def legend_texts(page: Any, plot: str) -> list[str]:
+    """The texts drawn in chart ``plot`` (axis labels, ticks and the legend's run labels), as the browser shows them."""
+    return [t.strip() for t in page.locator(f'figure[data-plot="{plot}"] svg text').all_text_contents()]
+
+
+@pytest.mark.slow  # the comparison and five run pages in one browser: about 6 s here
+def test_the_comparison_page_draws_overlays_and_its_links_open_the_run_pages(tmp_path: Path) -> None:
+    runs = [write_study(tmp_path / "sweep"), dos_run(tmp_path / "dos"), federated_run(tmp_path / "fed")]
+    runs.append(write_testnet(tmp_path / "tn"))
+    out = tmp_path / "out"
+    build_comparison(runs, out, baseline=honest_dos_baseline(tmp_path / "honest"))
+    group = "text-horizontal/length,repetition"
+    labels = [f"{group}/seed0", f"{group}/seed1", "dos", "fed", "tn"]
+    with browser() as b:
+        page = b.page
+        page.goto((out / "report.html").as_uri())
+        assert page.title() == "dgrpo report: 5 runs"
+        assert_plots_drawn(page, ["accuracy", "reward", "asr", "length", "stop-rate", "fpr"])
+        assert column(page, "runs", 0) == labels
+        # Every run's label is on the accuracy overlay; the seeds as one group with its band (a filled path).
+        accuracy = legend_texts(page, "accuracy")
+        assert {f"{group} (mean of 2)", "dos", "fed", "tn"} <= set(accuracy)
+        band = page.locator('figure[data-plot="asr"] svg [style*="fill-opacity"]')  # fill_between: a <use> of a path
+        assert band.count() == 1 and band.bounding_box() is not None
+        # The DoS run's length is on its own chart, with the baseline; never on the ASR chart.
+        assert "dos" in legend_texts(page, "length") and "baseline: honest" in legend_texts(page, "length")
+        assert "dos" not in legend_texts(page, "asr") and f"{group} (mean of 2)" in legend_texts(page, "asr")
+        assert "mean completion length (chars)" in legend_texts(page, "length")
+        # Seeds tabled as mean ± s.e.; counts as integers; a header click sorts by the mean.
+        assert column(page, "groups", 0) == [group, "dos", "fed", "tn"]
+        assert column(page, "groups", 2)[0] == "0.312 ± 0.062" and column(page, "groups", 9)[0] == "24 ± 0"
+        header(page, "groups", "honest accuracy").click()
+        assert column(page, "groups", 0) == ["dos", group, "fed", "tn"]  # 0.250, 0.312, 0.500, 1.000
+        page.evaluate("window.scrollTo(0, 0)")
+        b.screenshot("report-compare")
+
+        # Each run's link resolves to its page, which draws.
+        links = page.locator('table[data-table="runs"] tbody a')
+        assert links.count() == len(labels)
+        hrefs = [links.nth(i).evaluate("a => a.href") for i in range(links.count())]
+        for href, label in zip(hrefs, labels, strict=True):
+            assert href.startswith((out / "runs").as_uri() + "/"), href
+            page.goto(href)
+            assert page.title().startswith("dgrpo run: "), label
+            assert_plots_drawn(page, ["accuracy", "reward"])
+        page.goto((out / "report.html").as_uri())
+        page.locator('table[data-table="runs"] tbody a', has_text="tn").click()
+        page.wait_for_load_state()
+        assert page.url.endswith("/runs/tn.html") and page.title() == "dgrpo run: testnet"
+        assert column(page, "peers", 1) == ["honest", "honest", "malicious"]
+        assert b.errors == []

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from dgrpo.cli import app
 from dgrpo.daemon.status import NodeMetrics, StatusServer
 from dgrpo.protocol.identity import Identity
+from dgrpo.simulations.summary import RunSummary, load_summary
 
 runner = CliRunner()
 
@@ -91,15 +92,20 @@ def test_testnet_adversary_spec_errors_are_clear(tmp_path: Path) -> None:
 
 def test_report_command_prints_and_writes_the_table(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    run.mkdir()
-    summary = {"scenario": "s", "attack": "text", "asr_metric": "asr", "asr": [[0, 0.0], [5, 0.5]], "final_asr": 0.5}
-    (run / "summary.json").write_text(json.dumps(summary))
+    RunSummary(
+        scenario="s", task="arith", model="dgrpo:tiny-arith", mode="homogeneous", rounds=5, initial_accuracy=0.5,
+        final_accuracy=0.5, accuracy=[(0, 0.5), (5, 0.5)], attack="text", asr_metric="asr",
+        asr=[(0, 0.0), (5, 0.5)], final_asr=0.5,
+    ).write(run)  # fmt: skip
     result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
     assert "| run | text |" in result.output
     assert (tmp_path / "rep" / "report.csv").exists() and (tmp_path / "rep" / "report.png").exists()
+    (tmp_path / "empty").mkdir()
+    empty = runner.invoke(app, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "rep2")])
+    assert empty.exit_code == 2 and "summary.json" in empty.output, empty.output
     missing = runner.invoke(app, ["report", str(tmp_path / "nothing"), "--out", str(tmp_path / "rep2")])
-    assert missing.exit_code == 2 and "summary.json" in missing.output
+    assert missing.exit_code == 2 and "does not exist" in missing.output, missing.output
 
 
 @pytest.mark.slow
@@ -119,8 +125,8 @@ def test_code_tasks_refuse_to_start_without_isolation_and_the_loud_flag_accepts_
         assert not (tmp_path / "run" / "summary.json").exists()
         accepted = runner.invoke(app, [*args, "--unsafe-weak-sandbox"])
         assert accepted.exit_code == 0, accepted.output
-        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-        assert summary["scenario_config"]["task"]["options"]["unsafe_weak_sandbox"] is True
+        summary = load_summary(tmp_path / "run")
+        assert summary.scenario_config["task"]["options"]["unsafe_weak_sandbox"] is True
     finally:
         sandbox_module._bwrap_launcher.cache_clear()
 
@@ -153,5 +159,6 @@ def test_simulate_federated(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "2 clients (federated, signal / mean, budget 0.03125)" in result.output
     assert "round   1  mean reward" in result.output and "KiB/client" in result.output
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["federated"]["weighting"] == "signal" and summary["rounds"] == 2
+    summary = load_summary(tmp_path)
+    assert summary.federated is not None
+    assert summary.federated.weighting == "signal" and summary.rounds == 2

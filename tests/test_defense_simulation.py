@@ -23,12 +23,13 @@ def test_logit_stops_text_and_blacklists_the_attacker(tmp_path: Path) -> None:
     overrides = [*SMALL, "model.name=dgrpo:tiny-arith", "learner.lr=5e-5", 'defense.chain=["logit"]',
                  "round.prompts_per_round=4", "round.group_size=6", "adversary.completions_per_prompt=2"]  # fmt: skip
     summary = run_simulation(load_scenario(Path("text-horizontal"), overrides), tmp_path)
-    d = summary["defense"]
-    assert d["names"] == ["logit"]
-    assert d["stop_rate"] == 1.0 and d["false_positive_rate"] == 0.0
-    assert d["counts"]["poison_received"] >= 2 * 4 * 2  # round 1: 8 poisoned completions to each honest node
-    assert d["blacklisted"] == {"node-0": {"node-2": 1}, "node-1": {"node-2": 1}}
-    assert d["overhead_ratio"] is not None and d["overhead_ratio"] > 0
+    d = summary.defense
+    assert d is not None
+    assert d.names == ["logit"]
+    assert d.stop_rate == 1.0 and d.false_positive_rate == 0.0
+    assert d.counts["poison_received"] >= 2 * 4 * 2  # round 1: 8 poisoned completions to each honest node
+    assert d.blacklisted == {"node-0": {"node-2": 1}, "node-1": {"node-2": 1}}
+    assert d.overhead_ratio is not None and d.overhead_ratio > 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["defense"]["stop_rate"] == 1.0
     # From round 2 on the honest nodes train on the honest completions only (2 nodes x 4 prompts x 4); the
@@ -52,10 +53,11 @@ def test_sampling_proof_stops_math_where_logit_does_not(tmp_path: Path) -> None:
     for name in ["logit", "sampling-proof"]:
         out = tmp_path / name
         summary = run_simulation(load_scenario(Path("math-vertical"), [*base, f'defense.chain=["{name}"]']), out)
-        d = summary["defense"]
-        assert d["false_positive_rate"] == 0.0
-        assert d["counts"]["poison_received"] > 0
-        stop[name] = d["stop_rate"]
+        d = summary.defense
+        assert d is not None
+        assert d.false_positive_rate == 0.0
+        assert d.counts["poison_received"] > 0
+        stop[name] = d.stop_rate
     assert stop["sampling-proof"] == 1.0
     assert stop["logit"] < 0.5
 

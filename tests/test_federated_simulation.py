@@ -110,14 +110,15 @@ def test_federated_run_writes_its_summary(tmp_path: Path) -> None:
     summary = run_simulation(
         scenario(weighting="signal", calibration={"enabled": True}, sparsity={"budget": 0.01}), tmp_path
     )
-    fed = summary["federated"]
-    assert [p[0] for p in fed["accuracy"]] == [0, 1, 2]
-    n = fed["parameters"]
+    fed = summary.federated
+    assert fed is not None
+    assert [p[0] for p in fed.accuracy] == [0, 1, 2]
+    n = fed.parameters
     # 1% of the entries (signal scaling keeps each client within [0.5, 2] x the budget)
-    assert 0.005 * n <= fed["entries_per_client_per_round"] <= 0.02 * n
-    assert fed["compression_entries"] >= 50 and fed["compression_bytes"] >= 25
-    assert [r["round"] for r in fed["per_round"]] == [1, 2]
-    assert all(len(r["bytes_per_client"]) == 3 for r in fed["per_round"])
+    assert 0.005 * n <= fed.entries_per_client_per_round <= 0.02 * n
+    assert fed.compression_entries >= 50 and fed.compression_bytes >= 25
+    assert [r.round for r in fed.per_round] == [1, 2]
+    assert all(len(r.bytes_per_client) == 3 for r in fed.per_round)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert set(rows[0]["weights"]) == {"client-0", "client-1", "client-2"}
     assert sum(rows[0]["weights"].values()) == pytest.approx(1.0)
@@ -134,16 +135,18 @@ def test_the_clients_step_follows_the_schedule(tmp_path: Path) -> None:
 
 def test_runs_are_reproducible(tmp_path: Path) -> None:
     sc = scenario(sparsity={"budget": 0.05})
-    first = run_simulation(sc, tmp_path / "a")["federated"]["global_weights_digest"]
-    again = run_simulation(sc, tmp_path / "b")["federated"]["global_weights_digest"]
-    assert first == again
+    first = run_simulation(sc, tmp_path / "a").federated
+    again = run_simulation(sc, tmp_path / "b").federated
+    assert first is not None and again is not None
+    assert first.global_weights_digest == again.global_weights_digest
 
 
 def test_baselines(tmp_path: Path) -> None:
-    central = run_simulation(scenario(method="centralized"), tmp_path / "c")["federated"]
-    assert central["bytes_per_client_per_round"] is None and central["global_weights_digest"] is None
+    central = run_simulation(scenario(method="centralized"), tmp_path / "c").federated
+    assert central is not None
+    assert central.bytes_per_client_per_round is None and central.global_weights_digest is None
     local = run_simulation(scenario(method="local"), tmp_path / "l")
-    assert local["federated"]["method"] == "local" and len(local["accuracy"]) == 3
+    assert local.federated.method == "local" and len(local.accuracy) == 3
 
 
 def test_centralized_trains_on_the_union_of_the_clients_batches() -> None:

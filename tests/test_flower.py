@@ -28,7 +28,9 @@ from dgrpo.flower.local import run_on_flower
 from dgrpo.flower.records import stats_record, update_of, update_record, weights_of, weights_record
 from dgrpo.flower.strategy import FedGRPO
 from dgrpo.simulations.federated import run_federated
+from dgrpo.simulations.run_folder import prepare
 from dgrpo.simulations.scenario import load_scenario
+from dgrpo.simulations.summary import RunSummary, load_summary
 
 SIZE = 6
 
@@ -134,44 +136,42 @@ SMALL = [
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> RunSummary:
     """dgrpo's own simulation of the small scenario: what both Flower engines must reproduce."""
-    return run_federated(load_scenario(Path("fed-grpo"), SMALL), tmp_path_factory.mktemp("sim"))
+    return run_federated(load_scenario(Path("fed-grpo"), SMALL), prepare(tmp_path_factory.mktemp("sim")))
 
 
 @pytest.mark.timeout(300)
-def test_a_flower_deployment_runs_the_same_experiment_as_the_simulation(
-    tmp_path: Path, simulated: dict[str, Any]
-) -> None:
+def test_a_flower_deployment_runs_the_same_experiment_as_the_simulation(tmp_path: Path, simulated: RunSummary) -> None:
     """A SuperLink and two SuperNodes (real processes on 127.0.0.1), the app submitted with ``flwr run``: the
     same accuracy at every evaluation and the same global weights, bit for bit, as dgrpo's simulation of the
     scenario (sparse 1/32 updates with error feedback and momentum SGD, both carried across rounds in the
     client's ``context.state``: without them round 2 differs, checked by hand)."""
     flower = run_on_flower("fed-grpo", SMALL, tmp_path / "flower", work=tmp_path / "deployment", timeout=240)
     ours = simulated
-    assert flower["accuracy"] == ours["accuracy"]
-    assert flower["federated"]["global_weights_digest"] == ours["federated"]["global_weights_digest"]
-    assert flower["federated"]["entries_per_client_per_round"] == ours["federated"]["entries_per_client_per_round"]
+    assert flower.accuracy == ours.accuracy
+    assert flower.federated.global_weights_digest == ours.federated.global_weights_digest
+    assert flower.federated.entries_per_client_per_round == ours.federated.entries_per_client_per_round
     rows = [json.loads(line) for line in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2] and all(set(r["weights"]) == {"client-0", "client-1"} for r in rows)
-    assert flower["flower"]["rejected"] == []
-    assert flower["flower"]["left_running"] == 0  # every process of the deployment stopped by SIGTERM
+    assert flower.flower["rejected"] == []
+    assert flower.flower["left_running"] == 0  # every process of the deployment stopped by SIGTERM
     assert not _deployment_processes()
 
 
 @pytest.mark.timeout(300)
-def test_flowers_simulation_engine_runs_the_same_experiment(tmp_path: Path, simulated: dict[str, Any]) -> None:
+def test_flowers_simulation_engine_runs_the_same_experiment(tmp_path: Path, simulated: RunSummary) -> None:
     """Flower's simulation engine (Ray, dgrpo[flower-sim]; a local SuperLink that ``flwr run`` starts): the
     same global weights again."""
     flower = run_on_flower("fed-grpo", SMALL, tmp_path / "flower", work=tmp_path / "sim", engine="simulation")
-    assert flower["accuracy"] == simulated["accuracy"]
-    assert flower["federated"]["global_weights_digest"] == simulated["federated"]["global_weights_digest"]
+    assert flower.accuracy == simulated.accuracy
+    assert flower.federated.global_weights_digest == simulated.federated.global_weights_digest
     assert not _deployment_processes()  # the local SuperLink and Ray's workers included
 
 
 @pytest.mark.timeout(300)
 def test_dgrpo_flower_run_prints_each_round_as_it_ends(
-    tmp_path: Path, simulated: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, simulated: RunSummary, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``dgrpo flower run``: one line per round while the run is under way (round 1's before the server app
     has written summary.json, which it does last), then where the results are; the same experiment again."""
@@ -194,8 +194,8 @@ def test_dgrpo_flower_run_prints_each_round_as_it_ends(
     assert [line.split()[1] for line in rounds] == ["1", "2"], result.output
     assert all("mean reward" in line and "accuracy" in line and "KiB/client" in line for line in rounds)
     assert "summary.json" in lines[-1] and str(out) in lines[-1], lines[-1]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["federated"]["global_weights_digest"] == simulated["federated"]["global_weights_digest"]
+    summary = load_summary(out)
+    assert summary.federated.global_weights_digest == simulated.federated.global_weights_digest
     assert (out / "flower-logs" / "superlink.log").exists()
     assert not _deployment_processes()
 

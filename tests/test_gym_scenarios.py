@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from dgrpo.cli import app
 from dgrpo.simulations.scenario import SCENARIO_DIR, load_scenario
+from dgrpo.simulations.summary import load_summary
 
 pytestmark = pytest.mark.slow
 
@@ -42,10 +43,10 @@ def test_a_gym_scenario_runs_with_dgrpo_simulate(name: str, tmp_path: Path) -> N
     out = tmp_path / name
     result = CliRunner().invoke(app, ["simulate", name, "--out", str(out), *(a for s in SMALL for a in ("-s", s))])
     assert result.exit_code == 0, result.output
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["task"] == "gym" and summary["rounds"] == 1
+    summary = load_summary(out)
+    assert summary.task == "gym" and summary.rounds == 1
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r.get("round") == 1]
     assert trained, rows
     assert 0.0 <= trained[-1]["honest_mean_reward"] <= 1.0
-    assert summary["initial_accuracy"] is not None and 0.0 <= summary["initial_accuracy"] <= 1.0
+    assert summary.initial_accuracy is not None and 0.0 <= summary.initial_accuracy <= 1.0

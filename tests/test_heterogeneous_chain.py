@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dgrpo.simulations.runner import run_simulation
 from dgrpo.simulations.scenario import load_scenario
+from dgrpo.simulations.summary import DefenseSummary
 
 E2 = '["dgrpo:tiny-arith-code-text","dgrpo:tiny-arith-text"]'
 WORDINGS = [
@@ -18,27 +19,29 @@ WORDINGS = [
 ]  # fmt: skip
 
 
-def run(tmp_path: Path, chain: str) -> dict:
+def run(tmp_path: Path, chain: str) -> DefenseSummary:
     overrides = [
         "rounds=2", "nodes.mode=heterogeneous", f"nodes.models={E2}", "defense.reputation.enabled=false",
         f"defense.chain={chain}", "eval.every=100", "eval.prompts=8", "eval.asr_prompts=8", "learner.lr=2e-4",
         f"adversary.options.paraphrases={json.dumps(WORDINGS)}",
     ]  # fmt: skip
-    return run_simulation(load_scenario(Path("text-horizontal"), overrides), tmp_path)["defense"]
+    defense = run_simulation(load_scenario(Path("text-horizontal"), overrides), tmp_path).defense
+    assert defense is not None
+    return defense
 
 
 def test_paraphrased_text_is_stopped_in_e2_and_each_family_keeps_its_completions(tmp_path: Path) -> None:
     literal = run(tmp_path / "repetition", '["repetition"]')
-    assert literal["stop_rate"] < 0.5  # no 3-word run repeats: the literal filter is blind to it
+    assert literal.stop_rate < 0.5  # no 3-word run repeats: the literal filter is blind to it
     meaning = run(tmp_path / "meaning", '["meaning"]')
-    assert meaning["stop_rate"] >= 0.9  # the same meaning in other words is not
-    assert all(rate <= 0.05 for rate in meaning["false_positive_rate_by_model"].values())
+    assert meaning.stop_rate >= 0.9  # the same meaning in other words is not
+    assert all(rate <= 0.05 for rate in meaning.false_positive_rate_by_model.values())
     d = run(tmp_path / "heterogeneous", '["heterogeneous"]')
-    assert d["names"] == ["repetition", "meaning", "arith-pattern", "length-shift", "code-policy"]
-    assert d["stop_rate"] >= 0.9
-    per_model = d["false_positive_rate_by_model"]
+    assert d.names == ["repetition", "meaning", "arith-pattern", "length-shift", "code-policy"]
+    assert d.stop_rate >= 0.9
+    per_model = d.false_positive_rate_by_model
     assert set(per_model) == {"dgrpo:tiny-arith-code-text", "dgrpo:tiny-arith-text"}
     assert all(rate <= 0.05 for rate in per_model.values()), per_model
     # the chain's cheapest check that sees it decides: here the author's lengths give the payload away first
     whys = ("shifted", "extreme", "shared_meaning", "echoed_span", "repeated_span", "habitual", "repeated_false")
-    assert set(d["rejected_by_reason"]) <= {f"{name}:{why}" for name in d["names"] for why in whys}
+    assert set(d.rejected_by_reason) <= {f"{name}:{why}" for name in d.names for why in whys}

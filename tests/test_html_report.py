@@ -1,5 +1,5 @@
-"""``dgrpo report --html``: the page of one run, its sections by kind of run, the numbers in its tables, escaping
-of hostile strings, no network resources, and clear errors for a bad run folder."""
+"""``dgrpo report --html``: the page of one run (read through the typed summary), its sections by kind of run, the
+numbers in its tables, escaping of hostile strings, no network resources, and clear errors for a bad run folder."""
 
 from __future__ import annotations
 
@@ -189,45 +189,59 @@ def test_the_page_loads_nothing_from_the_network(tmp_path: Path) -> None:
         assert "default-src 'none'" in text  # CSP: nothing but the page's own script and inline styles
 
 
-def test_wrongly_typed_values_leave_cells_empty_instead_of_crashing(tmp_path: Path) -> None:
+def test_wrongly_typed_rows_leave_cells_empty_instead_of_crashing(tmp_path: Path) -> None:
+    """The summary is typed (a wrong type is an error naming the key, below); the rows stay dicts, read
+    defensively: a value of the wrong type leaves its cell or point out."""
     summary = json.loads(json.dumps(ATTACKED))
-    summary.update(
-        accuracy="lots",
-        asr=[[0, "x"], [1]],
-        nodes="four",
-        defense={"counts": {"honest_received": "x"}},
-        final_accuracy=float("nan"),
-        wire=[1, 2],
-        attack_stats=None,
-    )
-    rows = [{"round": "one", "defense": 3}, {"round": 2, "honest_mean_reward": 10**400}]
+    summary.update(final_accuracy=float("nan"), accuracy=[], asr=[])
+    rows = [{"round": "one", "defense": 3}, {"round": 2, "honest_mean_reward": 10**400, "by_author": [1]}]
     _, page = page_of(write_run(tmp_path / "run", summary, rows))
-    assert "accuracy" not in page.plots and "asr" not in page.plots
-    assert page.rows("results")["final accuracy"] == ["-"]
+    assert "accuracy" not in page.plots and "asr" not in page.plots and "reward" not in page.plots
+    assert page.rows("results")["final accuracy"] == ["-"]  # NaN: not a number to show
+    assert page.rows("rounds")["-"][0] == "-" and page.rows("rounds")["2"][0] == "-"
     clients = ["client-²", "client-" + "9" * 5000, "a", "b", "c"]  # int() fails on both: not client indices
     fed = federated_summary(clients)
-    fed["federated"].update(per_round=5, parameters="many", dense_bytes=None)
     fed["scenario_config"]["federated"] = {"clients": 10**12, "attack": {"clients": 10**12}}
     _, page = page_of(write_run(tmp_path / "fed", fed, federated_rows(clients)))
-    assert "compression" not in page.tables  # per_round is not a list: no traffic to show
     assert page.rows("clients")["client-²"][0] == "honest"  # not a client index: not taken for the attacker
+
+
+def test_wrongly_typed_summaries_are_errors_naming_the_key(tmp_path: Path) -> None:
+    for key, value, where in [
+        ("nodes", "four", "nodes"),
+        ("accuracy", "lots", "accuracy"),
+        ("defense", {"counts": {"honest_received": "x"}}, "defense.counts.honest_received"),
+    ]:
+        summary = {**json.loads(json.dumps(ATTACKED)), key: value}
+        run = write_run(tmp_path / key, summary, attacked_rows())
+        with pytest.raises(ConfigError, match=rf"summary\.json: not a run summary \({re.escape(where)}: "):
+            load_run(run)
+    fed = federated_summary()
+    fed["federated"].update(per_round=5)
+    with pytest.raises(ConfigError, match=r"federated\.per_round"):
+        load_run(write_run(tmp_path / "fed", fed, None))
 
 
 def test_bad_run_folders_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no summary\.json"):
         load_run(tmp_path)
     (tmp_path / "summary.json").write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="expected a JSON object"):
+    with pytest.raises(ConfigError, match=r"not a run summary \(a JSON object\)"):
         load_run(tmp_path)
     (tmp_path / "summary.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_run(tmp_path)
     (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"not a run summary \(scenario: Field required\)"):
+        load_run(tmp_path)
+    minimal = {"scenario": "s", "task": "arith", "model": "m", "mode": "homogeneous", "rounds": 1,
+               "initial_accuracy": 0.5, "final_accuracy": 0.5, "accuracy": []}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(minimal))
     (tmp_path / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2')
     with pytest.raises(ConfigError, match=r"metrics\.jsonl line 2"):
         load_run(tmp_path)
     (tmp_path / "metrics.jsonl").unlink()
-    assert "no accuracy or reward points" in render_page(load_run(tmp_path))  # an empty summary still renders
+    assert "no accuracy or reward points" in render_page(load_run(tmp_path))  # a bare summary still renders
 
 
 def test_write_report_defaults_to_the_run_folder(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 from dgrpo.simulations.ray_engine import groups_of
 from dgrpo.simulations.runner import run_simulation
 from dgrpo.simulations.scenario import load_scenario
+from dgrpo.simulations.summary import RunSummary
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ def _untimed(value: Any) -> Any:
     return value
 
 
-def _run(tmp: Path, name: str, overrides: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _run(tmp: Path, name: str, overrides: list[str]) -> tuple[RunSummary, list[dict[str, Any]]]:
     scenario = load_scenario(None, overrides)
     summary = run_simulation(scenario, tmp / name)
     rows = [json.loads(line) for line in (tmp / name / "metrics.jsonl").read_text().splitlines()]
@@ -46,13 +47,13 @@ def test_ray_engine_equals_the_in_process_engine(tmp_path: Path) -> None:
     ]  # fmt: skip
     ray_summary, ray_rows = _run(tmp_path, "ray", [*base, "engine.name=ray", "engine.workers=3"])
     local_summary, local_rows = _run(tmp_path, "inprocess", base)
-    assert ray_summary["engine"]["name"] == "ray" and ray_summary["engine"]["groups"] == [2, 1, 1]
+    assert ray_summary.engine["name"] == "ray" and ray_summary.engine["groups"] == [2, 1, 1]
     keys = ("loss", "honest_mean_reward", "honest_own_reward", "completions_accepted", "rejected", "defense")
     assert [_untimed({k: r.get(k) for k in keys}) for r in ray_rows] == [
         _untimed({k: r.get(k) for k in keys}) for r in local_rows
     ]
     for key in ("accuracy", "asr", "final_accuracy", "final_asr", "attack_stats", "wire", "defense"):
-        assert _untimed(ray_summary[key]) == _untimed(local_summary[key]), key
+        assert _untimed(ray_summary.model_dump()[key]) == _untimed(local_summary.model_dump()[key]), key
     # the envelopes crossed between actors and were validated there: every node accepted the others' messages
-    assert ray_summary["wire"]["messages_accepted"] == 3 * 4 * 8 * 3  # rounds x nodes x prompts x peers
-    assert ray_summary["final_asr"] is not None
+    assert ray_summary.wire["messages_accepted"] == 3 * 4 * 8 * 3  # rounds x nodes x prompts x peers
+    assert ray_summary.final_asr is not None

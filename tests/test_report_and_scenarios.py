@@ -53,6 +53,8 @@ def _summary(tmp: Path, name: str, attack: str | None, asr: list[list[float]], l
     data = {
         "scenario": name,
         "task": "arith",
+        "model": "dgrpo:tiny-arith",
+        "mode": "homogeneous",
         "attack": attack,
         "split": "horizontal",
         "malicious": 1 if attack else 0,
@@ -61,8 +63,10 @@ def _summary(tmp: Path, name: str, attack: str | None, asr: list[list[float]], l
         "asr": asr,
         "final_asr": asr[-1][1] if asr else None,
         "initial_accuracy": 0.4,
+        "final_accuracy": 0.6,
         "honest_final_accuracy": 0.6,
         "accuracy": [[0, 0.4], [10, 0.6]],
+        "mean_length": asr if attack == "dos" else [[0, 30.0], [10, length]],
         "final_mean_length": length,
     }
     (run / "summary.json").write_text(json.dumps(data))
@@ -78,7 +82,7 @@ def test_report_builds_table_csv_and_plot(tmp_path: Path) -> None:
     assert rows[0]["final_asr"] == 0.8 and rows[0]["max_asr"] == 0.8
     assert rows[1]["length_vs_baseline"] == 2.0
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| text-h | text |" in md and "2.000" in md
+    assert "| text-h | text |" in md and "| 60 | 2 | none |" in md  # length, length vs baseline: counts as ints
     with (tmp_path / "out" / "report.csv").open() as fh:
         parsed = list(csv.DictReader(fh))
     assert parsed[1]["run"] == "dos-h" and float(parsed[1]["length_vs_baseline"]) == 2.0

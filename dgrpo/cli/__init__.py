@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dgrpo.cli import scenarios as scenarios  # `dgrpo scenarios`, on `app`: in its own module, importing no torch
+from dgrpo.cli import simulate as simulate  # `dgrpo simulate`, on `app`
 from dgrpo.cli import status as status  # the `status` command, on `app`: in its own module, importing no torch
+from dgrpo.cli import sweep as sweep  # `dgrpo sweep`, on `app`
 from dgrpo.cli.common import (
     WEAK_SANDBOX,
     SetOption,
@@ -25,6 +27,8 @@ from dgrpo.cli.common import (
 )
 from dgrpo.cli.flower import flower_app
 from dgrpo.cli.node import ADVERSARY_NAMES, node_app
+from dgrpo.cli.simulate import _format_federated_row as _format_federated_row  # `flower run` prints its rows
+from dgrpo.cli.simulate import _format_row as _format_row
 from dgrpo.cli.status_table import status_table
 from dgrpo.daemon.log_setup import LogFormat, choose, configure
 from dgrpo.errors import ConfigError, DgrpoError
@@ -61,185 +65,73 @@ def main(
     configure()
 
 
-def _format_federated_row(row: dict[str, Any]) -> str:
-    acc = f"  accuracy {row['accuracy']:.3f}" if "accuracy" in row else ""
-    sent = row.get("bytes_sent") or {}
-    traffic = f"  {sum(sent.values()) / len(sent) / 1024:.0f} KiB/client" if sent else ""
-    share = row.get("attacker_weight_share")
-    attacker = f"  attacker weight {share:.3f}" if share is not None else ""
-    seconds = f"  ({row['seconds']:.1f}s)"
-    return f"round {row['round']:>3}  mean reward {row['mean_reward']:.3f}{acc}{traffic}{attacker}{seconds}"
-
-
-def _format_row(row: dict[str, Any]) -> str:
-    if "client_reward" in row:
-        return _format_federated_row(row)
-    acc = f"  accuracy {row['accuracy']:.3f}" if "accuracy" in row else ""
-    asr = f"  asr {row['asr']:.3f}" if "asr" in row else ""
-    length = f"  length {row['mean_length']:.1f}" if "mean_length" in row else ""
-    poison = f"  poison {row['poison_published']}" if row.get("poison_published") else ""
-    defense = ""
-    if row.get("defense"):
-        d = row["defense"]
-        stop = f"{d['stop_rate']:.2f}" if d.get("stop_rate") is not None else "-"
-        fpr = f"{d['false_positive_rate']:.3f}" if d.get("false_positive_rate") is not None else "-"
-        defense = f"  stop {stop} fpr {fpr}"
-    return (
-        f"round {row['round']:>3}  honest reward {row['honest_mean_reward']:.3f}{acc}{asr}{length}"
-        f"  exchanged {row['completions_exchanged']}{poison}{defense}  ({row['seconds']:.1f}s)"
-    )
-
-
-@command(app)
-def simulate(
-    scenario: Annotated[
-        Path | None, typer.Argument(help="scenario TOML file or shipped scenario name; default: built-in")
-    ] = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")] = Path("runs/default"),
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a scenario key, e.g. -s learner.lr=1e-4")
-    ] = None,
-    unsafe_weak_sandbox: WeakSandboxOption = False,
-    engine: Annotated[
-        str | None,
-        typer.Option(
-            "--engine",
-            help="inprocess (default: every node in this process) or ray (nodes as Ray actors; the `ray` extra); "
-            "same as -s engine.name=...",
-        ),
-    ] = None,
-    ray_address: Annotated[
-        str | None,
-        typer.Option("--ray-address", help="with --engine ray: an existing Ray cluster (default: start a local one)"),
-    ] = None,
-) -> None:
-    """Run a decentralised GRPO simulation (N nodes over the signed wire format in memory; in this process or
-    spread over Ray actors)."""
-    from dgrpo.simulations.runner import run_simulation
-    from dgrpo.simulations.scenario import load_scenario
-
-    chosen = [
-        *([f"engine.name={engine}"] if engine else []),
-        *([f"engine.address={ray_address}"] if ray_address else []),
-    ]
-    sc = load_scenario(scenario, [*chosen, *(overrides or []), *([WEAK_SANDBOX] if unsafe_weak_sandbox else [])])
-    attack = f", {sc.nodes.malicious} malicious ({sc.adversary.name})" if sc.adversary and sc.nodes.malicious else ""
-    if sc.defense.chain:
-        attack += f", defense {','.join(sc.defense.chain)}"
-    who = f"{sc.nodes.count} nodes ({sc.nodes.mode}, {sc.rollout.split}){attack}"
-    if sc.federated is not None:
-        fed = sc.federated
-        who = (
-            f"{fed.clients} clients ({fed.method}, {fed.weighting} / {fed.aggregator}, budget {fed.sparsity.budget:g})"
-        )
-    if sc.engine.name == "ray" and sc.federated is None:
-        who += f", on Ray ({sc.engine.workers} actors{', ' + sc.engine.address if sc.engine.address else ''})"
-    console.print(f"[bold]{sc.name}[/]: {who}, task {sc.task.name}, model {sc.model.name}, {sc.rounds} rounds -> {out}")
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        bar = progress.add_task("rounds", total=sc.rounds)
-
-        def on_round(row: dict[str, Any]) -> None:
-            progress.console.print(_format_row(row))
-            progress.advance(bar)
-
-        summary = run_simulation(sc, out, on_round)
-    asr = ""
-    if summary.get("final_asr") is not None:
-        name = "ASR" if summary["asr_metric"] == "asr" else "mean length"
-        asr = f"; final {name} {summary['final_asr']:.3f}"
-    console.print(
-        f"accuracy {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f}{asr} "
-        f"in {summary['wall_seconds']:.0f}s; results in {out}/ (summary.json, metrics.jsonl, curves.png"
-        f"{', asr.png' if asr else ''})"
-    )
-
-
-@command(app)
-def sweep(
-    scenarios: Annotated[
-        list[str] | None,
-        typer.Argument(help="scenarios (shipped names or TOML files; each an attack, or none); default: built-in"),
-    ] = None,
-    defense: Annotated[
-        list[str] | None,
-        typer.Option("--defense", "-d", help="a defense chain per option (names joined by +), or none; repeatable"),
-    ] = None,
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds per cell (seed 0: the scenario as shipped)")] = 1,
-    out: Annotated[Path, typer.Option("--out", "-o", help="output folder")] = Path("runs/sweep"),
-    overrides: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a key in every cell, e.g. -s rounds=20")
-    ] = None,
-    engine: Annotated[
-        str, typer.Option("--engine", help="inprocess (cells one after another) or ray (each cell a Ray task)")
-    ] = "inprocess",
-    ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="with --engine ray: an existing cluster (default: a local Ray)")
-    ] = None,
-    cpus_per_cell: Annotated[float, typer.Option("--cpus-per-cell", help="with --engine ray: CPUs a cell holds")] = 1.0,
-) -> None:
-    """Scenarios x defense chains x seeds, in this process or as Ray tasks, collected into one table."""
-    from dgrpo.simulations.sweep import cells_of, run_sweep
-
-    if engine not in ("inprocess", "ray"):
-        raise typer.BadParameter(f"--engine: inprocess or ray, not {engine!r}")
-    names = scenarios or ["default"]
-    chains = defense or ["none"]
-    n = len(cells_of(names, chains, seeds))
-    console.print(f"[bold]sweep[/]: {len(names)} scenarios x {len(chains)} defenses x {seeds} seeds = {n} runs "
-                  f"({engine}) -> {out}")  # fmt: skip
-    run_sweep(names, chains, seeds, out, overrides or [], engine, ray_address, cpus_per_cell, progress=console.print)
-    console.print((out / "sweep.md").read_text())
-    console.print(f"results in {out}/ (sweep.md, sweep.csv, sweep.json, sweep.png; one folder per run)")
-
-
 @command(app)
 def report(
-    runs: Annotated[list[Path], typer.Argument(help="run folders (each with a summary.json)")],
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="runs to compare: run folders, sweep or study folders of runs, testnet folders"),
+    ],
     out: Annotated[
         Path | None,
         typer.Option(
             "--out",
             "-o",
-            help="where report.md/.csv/.png go (default runs/report); with --html, the page's file "
-            "(default RUN/report.html; one run only)",
+            help="where report.md/.csv/.png/.html and the run pages (runs/) go (default runs/report); with "
+            "--html, the page's file (default RUN/report.html; one run only)",
         ),
     ] = None,
     baseline: Annotated[
         Path | None, typer.Option(help="an honest-only run: lengths are reported relative to it (DoS)")
     ] = None,
     html: Annotated[
-        bool, typer.Option("--html", help="one self-contained HTML page per run instead of the comparison table")
+        bool,
+        typer.Option("--html", help="only each run's own HTML page (RUN/report.html), no comparison"),
     ] = False,
 ) -> None:
-    """Compare runs: a markdown and CSV table and one overlay plot of ASR and honest accuracy per round.
-    With --html: one page per run (configuration, curves, attack, defense, peers; compression and client
-    weights for a federated run) that opens with no network."""
+    """Compare runs: a markdown and CSV table, an overlay plot, and one self-contained HTML page (report.html)
+    overlaying accuracy, honest reward, ASR (a DoS run's mean length on its own chart) and the defense's stop
+    rate and FPR per round, each group of seeds as its mean with its spread, with each run's own page
+    (configuration, curves, attack, defense, peers; compression and client weights for a federated run) in
+    OUT/runs/ and linked. The pages open with no network. With --html: only the run pages, in the run folders.
+
+    Examples:
+    dgrpo report runs/text runs/text-logit --out runs/compare
+    dgrpo report runs/sweep runs/testnet --out runs/compare
+    dgrpo report runs/heterogeneous (a study's folder: its tables too)
+    dgrpo report runs/dos runs/dos-length --baseline runs/honest
+    dgrpo report runs/text --html
+    """
     if html:
         from dgrpo.simulations.html_report import write_report
 
         if out is not None and len(runs) > 1:
             raise ConfigError("--out names one page: give one run folder with it, or leave --out out")
         if baseline is not None:
-            raise ConfigError("--baseline is for the comparison table, not --html")
+            raise ConfigError("--baseline is for the comparison, not --html")
         for run in runs:
             console.print(f"written: {write_report(run, out)}", markup=False, soft_wrap=True)
         return
-    from dgrpo.simulations.report import build_report, to_markdown
+    from dgrpo.simulations.comparison import build_comparison
+    from dgrpo.simulations.report import to_markdown
+    from dgrpo.simulations.study_tables import write_tables
+    from dgrpo.simulations.sweep import saved_study
 
     folder = out if out is not None else Path("runs/report")
-    rows = build_report(runs, folder, baseline)
-    console.print(to_markdown(rows))
-    console.print(f"written: {folder}/report.md, {folder}/report.csv, {folder}/report.png")
+    for run in runs:  # a study's (or sweep's) folder: its own tables again, from the runs now there
+        study = saved_study(run)
+        if study is not None:
+            console.print(write_tables(study, run), markup=False, soft_wrap=True)
+            console.print(f"written: {run / 'tables.md'}, {run / 'tables'}/", markup=False, soft_wrap=True)
+    result = build_comparison(runs, folder, baseline)
+    console.print(to_markdown(result.rows), markup=False, soft_wrap=True)
+    written = ", ".join(str(p) for p in result.files)
+    console.print(f"written: {written} (run pages in {folder / 'runs'})", markup=False, soft_wrap=True)
 
 
-testnet_app = typer.Typer(help="A local testnet of daemons on 127.0.0.1.", no_args_is_help=True)
+testnet_app = typer.Typer(
+    help="A local testnet of daemons on 127.0.0.1.\n\nExample: dgrpo testnet up -n 4 --rounds 10 --adversary text:1",
+    no_args_is_help=True,
+)
 app.add_typer(node_app, name="node")
 app.add_typer(testnet_app, name="testnet")
 app.add_typer(flower_app, name="flower")
@@ -250,7 +142,11 @@ def keygen(
     path: Annotated[Path, typer.Argument(help="where to write the Ed25519 identity key (PEM, mode 0600)")],
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing key")] = False,
 ) -> None:
-    """Write a new node identity key and print its peer id."""
+    """Write a new node identity key and print its peer id.
+
+    Example:
+    dgrpo keygen keys/node-a.key
+    """
     from dgrpo.protocol.identity import Identity
 
     if path.exists() and not force:  # (save refuses too, without a race, but names its Python argument)
@@ -311,7 +207,13 @@ def testnet_up(
         ),
     ] = None,
 ) -> None:
-    """Start N daemons on 127.0.0.1 with generated keys and bootstrap wiring, and show a live status table."""
+    """Start N daemons on 127.0.0.1 with generated keys and bootstrap wiring, and show a live status table.
+
+    Examples:
+    dgrpo testnet up -n 3 --rounds 5
+    dgrpo testnet up -n 4 --adversary text:1 --defense logit,length --rounds 20 --out runs/tn
+    dgrpo testnet up -n 100 --per-process 25 --background
+    """
     import json as _json
     import time as _time
 
@@ -404,7 +306,11 @@ def testnet_up(
 def testnet_down_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="the testnet's folder")] = Path("runs/testnet"),
 ) -> None:
-    """Stop a testnet started in the background."""
+    """Stop a testnet started in the background.
+
+    Example:
+    dgrpo testnet down --out runs/testnet
+    """
     from dgrpo.daemon.testnet import testnet_down
 
     count = testnet_down(out)

@@ -14,7 +14,8 @@ from dgrpo.errors import ConfigError, DgrpoError
 # An unexpected exception is a bug and keeps its traceback, but a short one without local variables: those hold
 # settings and key objects, and pages of them bury the error (the `--debug` callback turns them back on).
 app = typer.Typer(
-    help="dgrpo: decentralised GRPO nodes, attacks and defenses.",
+    help="dgrpo: decentralised GRPO nodes, attacks and defenses.\n\nExample: dgrpo scenarios, then dgrpo simulate "
+    "text-horizontal --defense logit (each command's --help has its own examples)",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     pretty_exceptions_short=True,

@@ -18,7 +18,10 @@ from dgrpo.cli.common import SetOption, command, console
 if TYPE_CHECKING:
     from dgrpo.flower.local import Deployment
 
-flower_app = typer.Typer(help="Fed-GRPO as a Flower app (docs/flower.md), on this machine.", no_args_is_help=True)
+flower_app = typer.Typer(
+    help="Fed-GRPO as a Flower app (docs/flower.md), on this machine.\n\nExample: dgrpo flower run fed-grpo",
+    no_args_is_help=True,
+)
 
 
 @command(flower_app, "run")
@@ -42,7 +45,12 @@ def flower_run(
     timeout: Annotated[float, typer.Option("--timeout", help="seconds the whole run may take")] = 1800,
 ) -> None:
     """Run a federated scenario on Flower, started and stopped here: the same experiment as `dgrpo simulate`
-    of that scenario, with Flower's processes and transport."""
+    of that scenario, with Flower's processes and transport.
+
+    Examples:
+    dgrpo flower run fed-grpo --out runs/flower
+    dgrpo flower run fed-avg --engine simulation -s rounds=5
+    """
     from dgrpo.cli import _format_federated_row  # here: dgrpo.cli imports this module
     from dgrpo.flower.config import scenario_of
     from dgrpo.flower.local import DeploymentError, chosen_port, require_flower, run_on_flower
@@ -94,12 +102,12 @@ def flower_run(
             # flwr's own answer can run to many lines; the first names the problem, the logs hold the rest.
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise DeploymentError(f"{first} (Flower's logs: {out.resolve() / 'flower-logs'})") from None
-    flower = summary["flower"]
+    flower = summary.flower or {}
     refused = sum(r["count"] for r in flower.get("rejected", []))
     if refused:
         console.print(f"[yellow]{refused} client replies refused[/] (summary.json: flower.rejected)")
     overhead = f", Flower start-up {flower['startup_seconds']:.1f}s" if "startup_seconds" in flower else ""
     console.print(
-        f"accuracy {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f} in "
-        f"{summary['wall_seconds']:.0f}s{overhead}; results in {out}/ (summary.json, metrics.jsonl, flower-logs/)"
+        f"accuracy {summary.initial_accuracy:.3f} -> {summary.final_accuracy:.3f} in "
+        f"{summary.wall_seconds:.0f}s{overhead}; results in {out}/ (summary.json, metrics.jsonl, flower-logs/)"
     )

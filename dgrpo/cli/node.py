@@ -18,7 +18,10 @@ log = logging.getLogger("dgrpo.daemon")
 # dgrpo.adversary"`), so the help lists every attack registered. Defenses import torch: their list is in the error.
 ADVERSARY_NAMES = ", ".join(ADVERSARIES.names())
 
-node_app = typer.Typer(help="Run a node of a decentralised GRPO network.", no_args_is_help=True)
+node_app = typer.Typer(
+    help="Run a node of a decentralised GRPO network.\n\nExample: dgrpo node run --state-dir runs/a --solo",
+    no_args_is_help=True,
+)
 
 
 @command(node_app, "run")
@@ -87,11 +90,25 @@ def node_run(
             "times as long as each took), a straggler for testing sync and async rounds",
         ),
     ] = None,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(
+            help="write TensorBoard event files of this node's rounds to this folder (-s logging.tensorboard=DIR); "
+            "view them with `tensorboard --logdir DIR`"
+        ),
+    ] = None,
 ) -> None:
     """Join (or start) a network and run GRPO rounds until stopped (SIGINT/SIGTERM stop it cleanly).
 
     Given only --bootstrap (no --config, --run-id, --mode, --defense, --max-rounds or --set of a run key), the
-    node learns the run from its bootstrap peers, as `dgrpo node join` does."""
+    node learns the run from its bootstrap peers, as `dgrpo node join` does.
+
+    Examples:
+    dgrpo node run --state-dir runs/a --solo --max-rounds 20
+    dgrpo node run --state-dir runs/b --bootstrap /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...
+    dgrpo node run -c node.toml --defense logit,length -s learner.lr=1e-4
+    dgrpo node run --state-dir runs/a --resume
+    """
     import json as _json
 
     from dgrpo.daemon.join import overrides_run
@@ -119,6 +136,8 @@ def node_run(
         local.append("rounds.min_peers=0")
     if slow is not None:
         local.append(f"rounds.slowdown={slow}")
+    if tensorboard is not None:
+        local.append(f"logging.tensorboard={_json.dumps(str(tensorboard))}")
     sets = list(local)
     if run_id is not None:
         sets.append(f"run_id={_json.dumps(run_id)}")
@@ -170,7 +189,11 @@ def node_join(
 ) -> None:
     """Join the run the given nodes serve: fetch and verify its signed run manifest from each (they must agree),
     check this machine's base model against it, and run a daemon of that run (exit 2, naming what differs, where
-    this node cannot)."""
+    this node cannot).
+
+    Example:
+    dgrpo node join /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --state-dir runs/joined
+    """
     import json as _json
 
     from dgrpo.daemon.join import DEFAULT_STATE_DIR
@@ -216,7 +239,11 @@ def node_host(
 ) -> None:
     """Run several nodes in this one process (light peers, for testnets at scale: `dgrpo testnet up
     --per-process K` writes the plans). Each node has its own key, libp2p host, model, state directory, status
-    server and node.log; SIGINT/SIGTERM stop them all cleanly."""
+    server and node.log; SIGINT/SIGTERM stop them all cleanly.
+
+    Example (the plans `dgrpo testnet up --per-process 25 --out runs/testnet` writes):
+    dgrpo node host runs/testnet/host-0.json
+    """
     from dgrpo.daemon.light import HostPlan, run_host
 
     if not plan.is_file():

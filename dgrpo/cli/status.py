@@ -143,7 +143,13 @@ def status(
     ] = "http://127.0.0.1:8780",
     as_json: Annotated[bool, typer.Option("--json", help="print the raw JSON")] = False,
 ) -> None:
-    """Show a node's status: asked of the running node, or, for a state dir whose node has stopped, as it saved it."""
+    """Show a node's status: asked of the running node, or, for a state dir whose node has stopped, as it saved it.
+
+    Examples:
+    dgrpo status
+    dgrpo status runs/testnet/node-0
+    dgrpo status http://127.0.0.1:8781 --json
+    """
     found = find_status(target)
     if as_json:  # only the JSON on stdout, for programs: a stopped node's says so in its "state"
         console.print_json(data=found.status)

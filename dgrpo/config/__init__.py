@@ -2,8 +2,8 @@
 
 - :mod:`~dgrpo.config.run`: :class:`RunConfig`, what a node does in a round (shared by daemons and scenarios);
 - its sections: task, model (and LoRA), learner, rollout (split, sampler, per-node work), defense (chain and
-  reputation), adversary; sampling parameters and limits come from :mod:`dgrpo.protocol` (they are on the
-  wire).
+  reputation), adversary, logging (TensorBoard); sampling parameters and limits come from :mod:`dgrpo.protocol`
+  (they are on the wire).
 """
 
 from dgrpo.config.adversary import AdversaryConfig, parse_adversary_spec
@@ -16,6 +16,7 @@ from dgrpo.config.defense import (
     parse_defense_spec,
 )
 from dgrpo.config.learner import LOSS_TYPES, LearnerConfig, LossType
+from dgrpo.config.logs import LoggingConfig
 from dgrpo.config.model import LoraConfig, ModelConfig
 from dgrpo.config.rollout import RolloutConfig, Sampler
 from dgrpo.config.run import RunConfig
@@ -28,6 +29,7 @@ __all__ = [
     "AdversaryConfig",
     "DefenseConfig",
     "LearnerConfig",
+    "LoggingConfig",
     "LoraConfig",
     "LossType",
     "ModelConfig",

@@ -40,10 +40,26 @@ class LearnerConfig(Section):
     weight_decay: Annotated[float, Field(ge=0.0, description="AdamW weight decay")] = 0.0
     loss_type: Annotated[LossType, Field(description="grpo | dr_grpo | dapo, with TRL's meanings")] = "dapo"
     beta: Annotated[float, Field(ge=0.0, description="KL weight (paper: 0)")] = 0.0
-    epsilon: Annotated[float | None, Field(gt=0.0, description="PPO clip epsilon; None: no clipping")] = None
+    epsilon: Annotated[
+        float | None,
+        Field(
+            gt=0.0,
+            description="PPO clip epsilon; None: no clipping. Acts only with updates_per_round > 1: the first "
+            "update's ratio is exactly 1",
+        ),
+    ] = None
     epsilon_high: Annotated[float | None, Field(gt=0.0, description="upper clip (DAPO); None: = epsilon")] = None
     scale_rewards: Annotated[bool, Field(description="divide advantages by the group std")] = True
     advantage_eps: Annotated[float, Field(gt=0.0, description="eps in (r - mean) / (std + eps)")] = 1e-4
+    updates_per_round: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="optimizer updates on each batch of rollouts (TRL's num_iterations, GRPO's mu), each with "
+            "the ratio taken against the log-probs of the weights that generated them: from the second update the "
+            "ratio leaves 1 and epsilon clips. 1: on-policy, the paper's setting",
+        ),
+    ] = 1
     micro_batch_size: Annotated[int, Field(ge=1, description="sequences per forward/backward pass")] = 32
     max_grad_norm: Annotated[float | None, Field(gt=0.0, description="gradient clipping; None: off")] = 1.0
     seed: Annotated[int, Field(ge=0, description="seed for initialisation and sampling")] = 0

@@ -4,7 +4,7 @@
 :func:`dgrpo.round.build.build_node` turns it into a node for either.
 
 The TOML sections are the field names: ``[task]``, ``[model]``, ``[learner]``, ``[sampling]``, ``[rollout]``,
-``[defense]``, ``[adversary]``, ``[limits]``, ``[federated]`` (federated mode).
+``[defense]``, ``[adversary]``, ``[limits]``, ``[federated]`` (federated mode), ``[logging]`` (TensorBoard).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dgrpo.config.adversary import AdversaryConfig
 from dgrpo.config.defense import DefenseConfig, check_sampler
 from dgrpo.config.federated import FederatedConfig
 from dgrpo.config.learner import LearnerConfig
+from dgrpo.config.logs import LoggingConfig
 from dgrpo.config.model import ModelConfig
 from dgrpo.config.rollout import RolloutConfig
 from dgrpo.config.sections import fill_section
@@ -49,6 +50,10 @@ class RunConfig(BaseModel):
         FederatedConfig | None,
         Field(description="federated mode (Fed-GRPO, docs/federated.md): share model updates, not completions"),
     ] = None
+    logging: Annotated[
+        LoggingConfig,
+        Field(description="where the run logs besides its own files: TensorBoard (a node's own, never the run's)"),
+    ] = LoggingConfig()
 
     @model_validator(mode="before")
     @classmethod

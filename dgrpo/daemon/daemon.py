@@ -18,7 +18,7 @@ import logging
 import signal
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import trio
@@ -55,6 +55,9 @@ from dgrpo.round.fill import FillTracker
 from dgrpo.round.observer import RoundObserver
 from dgrpo.round.receive import RoundInbox
 from dgrpo.tasks import get_task
+
+if TYPE_CHECKING:
+    from dgrpo.round.tensorboard import TensorBoardObserver
 
 log = logging.getLogger("dgrpo.daemon")
 
@@ -166,6 +169,26 @@ class Daemon(Membership):
         if resume:
             self._restore()
             self.history.load(settings.state_dir / "rounds.jsonl")
+        self.tensorboard = self._tensorboard(resume)
+        if self.tensorboard is not None:
+            self.observers.append(self.tensorboard)
+
+    def _tensorboard(self, resume: bool) -> TensorBoardObserver | None:
+        """TensorBoard event files (``logging.tensorboard``, ``--tensorboard``): this node's numbers and its
+        held-out accuracy under ``node/``, after the observer that evaluates it. A resumed node hides what the
+        run it continues logged from its first round on (written after the checkpoint it resumes from)."""
+        folder = self.settings.logging.tensorboard
+        if folder is None:
+            return None
+        from dgrpo.round.tensorboard import TensorBoardObserver  # tensorboard's import, only where it is used
+
+        purge = self.round if resume and self.round else None  # the round it resumes at (0: no checkpoint)
+        try:
+            return TensorBoardObserver(folder, prefix="node", accuracy=self.held_out.accuracy_at, purge_step=purge)
+        except OSError as exc:
+            raise ConfigError(
+                f"logging.tensorboard: cannot write to {folder} ({exc.strerror or exc}); choose another folder"
+            ) from None
 
     # ----------------------------------------------------------------- checkpoints
     def _restore(self) -> CheckpointState | None:
@@ -421,6 +444,8 @@ class Daemon(Membership):
         self.replay.save(self.replay_path)
         self.state = "stopped"
         write_atomically(self.settings.state_dir / "status.json", json.dumps(self.snapshot(), indent=2).encode())
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if server is not None:
             server.stop()
         log.info("stopped cleanly after %d rounds", self.rounds_done)

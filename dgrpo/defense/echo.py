@@ -12,7 +12,7 @@ So once an author is caught implanting (a cluster whose odds are below ``alpha``
 chance), a span of two or more words that it wrote in completions for ``min_prompts`` different prompts (two,
 in ``meaning``), and that no completion of the null holds, marks those completions as the payload's too. Only
 a caught author is judged this way: an honest author's own favourite phrase (a node drifts as it trains) is
-not evidence alone. Measured on the held-out crypto set (``scripts/heterogeneous_heldout.sh``, 4 rounds): the
+not evidence alone. Measured on the held-out crypto set (``studies/heterogeneous-heldout.toml``, 4 rounds): the
 wordings the encoder misses are caught from their second prompt on; stop 0.80-0.83 without it, 0.96-0.97
 with it, the honest families' rejections unchanged.
 """

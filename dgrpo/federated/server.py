@@ -47,6 +47,16 @@ class Aggregator:
         self.merge = build_aggregator(cfg.aggregator, cfg.aggregator_options)
         self.history: dict[str, float] = dict(history or {})
 
+    def __getstate__(self) -> dict[str, object]:
+        """A simulation's snapshot: the merge function is a closure, stateless and built from the config."""
+        state = dict(self.__dict__)
+        del state["merge"]
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.merge = build_aggregator(self.cfg.aggregator, self.cfg.aggregator_options)
+
     def weights(self, names: Sequence[str], reports: Sequence[ClientStats]) -> list[float]:
         cfg = self.cfg
         if cfg.weighting == "samples":

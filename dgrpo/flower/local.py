@@ -39,6 +39,7 @@ from typing import Any
 
 from dgrpo.errors import ConfigError, DgrpoError
 from dgrpo.flower.config import scenario_of
+from dgrpo.simulations.summary import RunSummary, load_summary
 
 APP_DIR = Path(__file__).resolve().parents[2] / "flower"  # the app folder `flwr run` packs (a source checkout)
 BIN = Path(sys.executable).parent
@@ -357,7 +358,7 @@ def run_on_flower(
     port: int | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
     on_started: Callable[[Deployment], None] | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run a federated scenario on Flower (``engine``: ``deployment``, a SuperLink and a SuperNode per client
     as processes here, or ``simulation``, Flower's Ray engine); the server app's ``summary.json`` (with the
     start-up and run seconds under ``flower``). ``port``: the SuperLink's on 127.0.0.1 (default: a free one).
@@ -378,8 +379,8 @@ def run_on_flower(
         "out": str(out),
         "timeout": timeout,
     }
-    if (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()
+    for earlier in ("metrics.jsonl", "summary.json"):  # an earlier run's: never read back as this one's
+        (out / earlier).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     tail = MetricsTail(out / "metrics.jsonl", on_round) if on_round is not None else None
     clients = parsed.federated.clients
@@ -392,9 +393,9 @@ def run_on_flower(
     finally:  # a failed run's logs are where a completed one's are: the error message points there
         if (work / "logs").is_dir():
             shutil.copytree(work / "logs", out / "flower-logs", dirs_exist_ok=True)
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
-    summary["flower"].update(d.timings)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    written = load_summary(out)
+    summary = written.model_copy(update={"flower": {**(written.flower or {}), **d.timings}})
+    summary.write(out)
     return summary
 
 
@@ -407,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=ENGINES, default="deployment")
     args = parser.parse_args(argv)
     summary = run_on_flower(args.scenario, args.sets, args.out, timeout=args.timeout, engine=args.engine)
-    print(json.dumps({k: summary[k] for k in ("scenario", "final_accuracy", "accuracy", "wall_seconds")}))
+    print(
+        json.dumps(summary.model_dump(mode="json", include={"scenario", "final_accuracy", "accuracy", "wall_seconds"}))
+    )
     return 0
 
 

@@ -25,6 +25,7 @@ from dgrpo.flower.records import weights_of, weights_record
 from dgrpo.flower.strategy import FedGRPO
 from dgrpo.learner.learner import Learner
 from dgrpo.simulations.federated import accuracy, federated_summary
+from dgrpo.simulations.summary import SUMMARY_FORMAT, FederatedSummary, RunSummary
 from dgrpo.tasks import get_task
 
 app = ServerApp()
@@ -76,25 +77,30 @@ def main(grid: Grid, context: Context) -> None:
     )  # fmt: skip
     final = weights_of(result.arrays) if len(result.arrays) else initial
     wall = time.perf_counter() - t0
-    summary: dict[str, Any] = {
-        "scenario": scenario.name,
-        "task": scenario.task.name,
-        "model": scenario.model.name,
-        "mode": "federated",
-        "engine": "flower",
-        "rounds": scenario.rounds,
-        "initial_accuracy": points[0][1],
-        "final_accuracy": points[-1][1],
-        "accuracy": points,
-        "federated": federated_summary(fed, strategy.size, rows, points, final, fed.attack is not None),
-        "flower": {
+    summary = RunSummary(
+        format=SUMMARY_FORMAT,
+        scenario=scenario.name,
+        task=scenario.task.name,
+        model=scenario.model.name,
+        mode="federated",
+        engine="flower",
+        rounds=scenario.rounds,
+        rounds_done=scenario.rounds,  # start() returns after every round (one no client answered has no row)
+        complete=True,
+        initial_accuracy=points[0][1],
+        final_accuracy=points[-1][1],
+        accuracy=[(float(r), float(a)) for r, a in points],
+        federated=FederatedSummary.model_validate(
+            federated_summary(fed, strategy.size, rows, points, final, fed.attack is not None)
+        ),
+        flower={
             "round_seconds": [r["seconds"] for r in rows],  # configure_train to aggregate_train, clients included
             "rejected": [{"node": n, "reason": why, "count": c} for (n, why), c in strategy.rejected.items()],
             "client_weights": [r["weights"] for r in rows],
             "client_signal": [r["client_signal"] for r in rows],
         },
-        "wall_seconds": wall,
-        "scenario_config": scenario.model_dump(mode="json"),
-    }
+        wall_seconds=wall,
+        scenario_config=scenario.model_dump(mode="json"),
+    )
     if out is not None:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary.write(out)

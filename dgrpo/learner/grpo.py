@@ -1,9 +1,11 @@
 """GRPO as plain functions: group-relative advantages and the per-token policy-gradient loss.
 
-Follows "Hail to the Thief" (Blagoev et al., 2025, sec. 3): one update per generation, so the ratio is
-``exp(logp - logp.detach())`` (value 1, gradient = policy gradient), no clipping and KL weight beta = 0 by
-default, loss averaged per token. Clipping, KL and the loss normalisations follow TRL's GRPOTrainer so that
-the numbers can be compared one to one (``tests/test_grpo_vs_trl.py``):
+Follows "Hail to the Thief" (Blagoev et al., 2025, sec. 3) by default: one update per generation, so the ratio
+is ``exp(logp - logp.detach())`` (value 1, gradient = policy gradient), no clipping and KL weight beta = 0, loss
+averaged per token. ``learner.updates_per_round`` > 1 takes several updates per generation (TRL's
+``num_iterations``, GRPO's mu), the later ones against the old log-probs (``old_logp``), where the ratio leaves 1
+and clipping acts. Clipping, KL and the loss normalisations follow TRL's GRPOTrainer so that the numbers can be
+compared one to one (``tests/test_grpo_vs_trl.py``, one and two updates):
 
 * ``grpo``:    each sequence's loss is averaged over its tokens, then averaged over sequences;
 * ``dr_grpo``: summed over all tokens, divided by (sequences x max_completion_length) (Liu et al., 2025);

@@ -20,6 +20,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from dgrpo.config import LearnerConfig, ModelConfig
+from dgrpo.errors import DgrpoError
 from dgrpo.learner.batch import (
     ForcedLogits,
     ForcedSamples,
@@ -365,12 +366,21 @@ class Learner:
         return token_logprobs(comp_logits, comp, temperature), comp_mask, comp_logits
 
     # ----------------------------------------------------------------- the update
-    def accumulate_gradients(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> float:
+    def accumulate_gradients(
+        self,
+        samples: Sequence[TrainSample],
+        temperature: float,
+        max_new_tokens: int,
+        behaviour: list[torch.Tensor] | None = None,
+    ) -> float:
         """Zero the gradients, then backpropagate the batch's GRPO loss micro-batch by micro-batch.
 
-        Samples with zero advantage contribute nothing to the on-policy loss and are not run through the
-        model; they still count in the normalisers, so the gradient equals that of the whole batch.
-        Returns the batch loss.
+        Samples with zero advantage contribute nothing to the loss (on- or off-policy, beta = 0) and are not run
+        through the model; they still count in the normalisers, so the gradient equals that of the whole batch.
+        ``behaviour``: None is on-policy (ratio ``exp(logp - logp.detach())``); an empty list is on-policy too, and
+        is filled with this pass's detached log-probs, one tensor per micro-batch (the old policy's, PPO's
+        pi_old); a filled list is the ratio's denominator for the same samples' later updates. The micro-batches
+        depend only on the samples, so the i-th is the same sequences at every update. Returns the batch loss.
         """
         cfg = self.cfg
         num_sequences = len(samples)
@@ -379,15 +389,29 @@ class Learner:
         # Micro-batches of similar lengths waste less compute on padding (a stable sort keeps the result
         # deterministic: the gradient is a sum over sequences, whatever their grouping).
         active.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+        fill = behaviour is not None and not behaviour
         total = 0.0
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(active), cfg.micro_batch_size):
+        for i, start in enumerate(range(0, len(active), cfg.micro_batch_size)):
             batch = active[start : start + cfg.micro_batch_size]
             logp, mask, _ = self.completion_logprobs([(s.prompt_ids, s.completion_ids) for s in batch], temperature)
             adv = torch.tensor([s.advantage for s in batch], dtype=logp.dtype, device=logp.device)
             ref = self._reference_logprobs(batch, temperature) if cfg.beta != 0.0 else None
+            old = None  # on the first update the weights are those that generated: old = logp.detach()
+            if behaviour is not None and fill:
+                behaviour.append(logp.detach())
+            elif behaviour is not None:
+                old = behaviour[i]
+                if old.shape != logp.shape:
+                    raise DgrpoError(f"behaviour log-probs {tuple(old.shape)} for a {tuple(logp.shape)} micro-batch")
             token_loss = per_token_loss(
-                logp, adv, ref_logp=ref, beta=cfg.beta, epsilon_low=cfg.epsilon, epsilon_high=cfg.epsilon_high
+                logp,
+                adv,
+                old_logp=old,
+                ref_logp=ref,
+                beta=cfg.beta,
+                epsilon_low=cfg.epsilon,
+                epsilon_high=cfg.epsilon_high,
             )
             loss = reduce_loss(token_loss, mask, cfg.loss_type, num_sequences, num_tokens, max_new_tokens)
             loss.backward()
@@ -395,29 +419,46 @@ class Learner:
         return total
 
     def train_step(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> StepStats:
-        """One GRPO update on a batch (the paper: one update per generation, so on-policy)."""
+        """``learner.updates_per_round`` GRPO updates on a batch (the paper: one, so on-policy)."""
         if self.batcher is not None:
             return self.batcher.train_step(self, samples, temperature, max_new_tokens)
         return self.train_step_here(samples, temperature, max_new_tokens)
 
     def train_step_here(self, samples: Sequence[TrainSample], temperature: float, max_new_tokens: int) -> StepStats:
-        """:meth:`train_step` on this learner alone."""
+        """:meth:`train_step` on this learner alone; loss and gradient norm are the mean over its updates.
+
+        Several updates follow TRL's ``num_iterations`` (GRPO's mu in DeepSeekMath's Algorithm 1): the old log-probs
+        are taken once, before the first update, from the weights that generated (TRL's ``old_per_token_logps``;
+        here the first update's own forward pass, which is that computation), and every later update's ratio is
+        taken against them, so that the ratio leaves 1 and ``epsilon`` clips. Peers' completions are scored under
+        our weights as TRL scores its own (no importance weight for another policy; ``docs/scale.md``).
+        """
         t0 = time.perf_counter()
-        grad_norm = 0.0
+        updates = self.cfg.updates_per_round
+        behaviour: list[torch.Tensor] | None = [] if updates > 1 else None
+        losses: list[float] = []
+        norms: list[float] = []
         with TORCH_LOCK:
             self.model.train()
-            loss = self.accumulate_gradients(samples, temperature, max_new_tokens)
-            params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
-            if params:
-                if self.cfg.max_grad_norm is not None:
-                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
-                else:
-                    grad_norm = float(
-                        torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-                    )
-                self.optimizer.step()
+            for _ in range(updates):
+                losses.append(self.accumulate_gradients(samples, temperature, max_new_tokens, behaviour))
+                norms.append(self._optimizer_step())
         tokens = sum(len(s.completion_ids) for s in samples)
-        return StepStats(loss, grad_norm, len(samples), tokens, time.perf_counter() - t0)
+        return StepStats(sum(losses) / updates, sum(norms) / updates, len(samples), tokens, time.perf_counter() - t0)
+
+    def _optimizer_step(self) -> float:
+        """Clip the accumulated gradients (``max_grad_norm``) and step; returns their norm before clipping."""
+        params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        if not params:
+            return 0.0
+        if self.cfg.max_grad_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+        else:
+            grad_norm = float(
+                torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+            )
+        self.optimizer.step()
+        return grad_norm
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: Sequence[TrainSample], temperature: float) -> torch.Tensor:
@@ -432,6 +473,13 @@ class Learner:
         with disable():
             logp, _, _ = self.completion_logprobs([(s.prompt_ids, s.completion_ids) for s in batch], temperature)
         return logp
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A simulation's snapshot (:mod:`dgrpo.simulations.snapshot`): the kept digest is keyed by torch's
+        in-place version counters, which a loaded tensor restarts at 0, so it is not kept."""
+        state = dict(self.__dict__)
+        state["_digest"] = None
+        return state
 
     # ----------------------------------------------------------------- identity
     def weights_digest(self) -> str:

@@ -82,6 +82,20 @@ class InMemoryTransport(Transport):
         self._send, self._receive = trio.open_memory_channel[Rollout](network.buffer)
         self.dropped: Counter[str] = Counter()
 
+    def __getstate__(self) -> dict[str, object]:
+        """A simulation's snapshot (:mod:`dgrpo.simulations.snapshot`) is taken between rounds, when the
+        inbound channel is empty: the channel pair is a trio resource, made anew on load."""
+        state = dict(self.__dict__)
+        del state["_send"], state["_receive"]
+        state["_buffer"] = self.network.buffer  # the network may be loaded after this transport (a cycle)
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        buffer = state.pop("_buffer")
+        self.__dict__.update(state)
+        assert isinstance(buffer, int)
+        self._send, self._receive = trio.open_memory_channel[Rollout](buffer)
+
     async def publish(self, rollout: Rollout) -> None:
         self.network.deliver(self.peer_id, self.signer.sign_rollout(rollout))
         await trio.lowlevel.checkpoint()

@@ -1,4 +1,5 @@
-"""The update stage: one GRPO step on the scored completions, each re-tokenised by this node.
+"""The update stage: GRPO updates on the scored completions (``learner.updates_per_round``, one by default),
+each completion re-tokenised by this node.
 
 Completions travel as strings (paper, sec. 3): the learner encodes every one it trains on, its own
 included, so nodes holding the same weights compute exactly the same update from the same strings.

@@ -10,16 +10,14 @@ baselines in the same runner.
 * ``local``: the clients train alone; the accuracy is the mean of theirs.
 
 Held-out accuracy is measured on the task's evaluation prompts, every ``eval.every`` rounds and at the
-end. Outputs ``metrics.jsonl`` (one row per round), ``summary.json`` (with a ``federated`` object) and
-``curves.png``.
+end. Outputs ``metrics.jsonl`` (a row appended per round), ``summary.json`` (with a ``federated`` object),
+``curves.png``, and between rounds the snapshot ``dgrpo simulate --resume`` continues from.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,8 +30,13 @@ from dgrpo.federated.params import digest, flat_parameters
 from dgrpo.federated.partition import client_prompts
 from dgrpo.federated.server import Aggregator
 from dgrpo.learner.learner import Learner
+from dgrpo.round.tensorboard import TensorBoardObserver
+from dgrpo.simulations import snapshot
 from dgrpo.simulations.plots import plot_federated
+from dgrpo.simulations.run_folder import RunFolder
 from dgrpo.simulations.scenario import Scenario
+from dgrpo.simulations.stopping import StopRequest
+from dgrpo.simulations.summary import SUMMARY_FORMAT, FederatedSummary, RunSummary
 from dgrpo.tasks import get_task
 from dgrpo.tasks.base import Prompt, Task
 
@@ -214,41 +217,78 @@ def federated_summary(
     }
 
 
-def run_federated(scenario: Scenario, out_dir: Path, on_round: RoundCallback | None = None) -> dict[str, Any]:
-    """Run the federated ``scenario`` and write its results to ``out_dir``; returns the summary."""
+def run_federated(
+    scenario: Scenario,
+    folder: RunFolder,
+    on_round: RoundCallback | None = None,
+    *,
+    stop: StopRequest | None = None,
+    saved: dict[str, Any] | None = None,
+) -> RunSummary:
+    """Run the federated ``scenario`` into ``folder`` (a row appended to ``metrics.jsonl`` as each round ends,
+    the whole run saved every ``checkpoint_every`` rounds); ``saved``: the snapshot of an interrupted run, to
+    continue from. Returns the summary."""
     t0 = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
     if scenario.torch_threads:
         torch.set_num_threads(scenario.torch_threads)
-    run = FederatedRun(scenario)
-    points: list[list[float]] = [[0, run.evaluate()]]
-    rows: list[dict[str, Any]] = []
-    with (out_dir / "metrics.jsonl").open("w") as metrics:  # a row per round as it ends: progress is visible
-        for round_idx in range(1, scenario.rounds + 1):
-            row = run.round(round_idx)
-            if round_idx % scenario.eval.every == 0 or round_idx == scenario.rounds:
-                row["accuracy"] = run.evaluate()
-                points.append([round_idx, row["accuracy"]])
-            rows.append(row)
-            metrics.write(json.dumps(row) + "\n")
-            metrics.flush()
-            if on_round is not None:
-                on_round(row)
+    if saved is not None:
+        run: FederatedRun = saved["run"]
+        points: list[list[float]] = saved["points"]
+        rows: list[dict[str, Any]] = saved["rows"]
+        wall_before: float = saved["wall_seconds"]
+        folder.rewrite_rows(rows)
+    else:
+        run = FederatedRun(scenario)
+        points, rows, wall_before = [[0, run.evaluate()]], [], 0.0
+    done = rows[-1]["round"] if rows else 0
+    board = None
+    if scenario.logging.tensorboard is not None:
+        board = TensorBoardObserver(scenario.logging.tensorboard, purge_step=done + 1 if saved is not None else None)
+        if saved is None:
+            board.log_scalars(0, {"accuracy": points[0][1]})
+    for round_idx in range(done + 1, scenario.rounds + 1):
+        row = run.round(round_idx)
+        if round_idx % scenario.eval.every == 0 or round_idx == scenario.rounds:
+            row["accuracy"] = run.evaluate()
+            points.append([round_idx, row["accuracy"]])
+        rows.append(row)
+        folder.append_row(row)  # as each round ends: progress is visible, and kept
+        if board is not None:
+            board.log_row(round_idx, row)
+            board.flush()
+        done = round_idx
+        if on_round is not None:
+            on_round(row)
+        stopping = stop is not None and stop.requested
+        every = scenario.checkpoint_every
+        if every and round_idx < scenario.rounds and (stopping or round_idx % every == 0):
+            wall = wall_before + time.perf_counter() - t0
+            state = {"scenario": scenario, "run": run, "points": points, "rows": rows, "wall_seconds": wall}
+            snapshot.save(folder.snapshot, state)
+        if stopping:
+            break
+    if board is not None:
+        board.close()
     weights = run.global_weights if run.fed.method == "federated" else None
     fed_summary = federated_summary(run.fed, run.size, rows, points, weights, bool(run.attackers))
-    summary: dict[str, Any] = {
-        "scenario": scenario.name,
-        "task": scenario.task.name,
-        "model": scenario.model.name,
-        "mode": "federated",
-        "rounds": scenario.rounds,
-        "initial_accuracy": points[0][1],
-        "final_accuracy": points[-1][1],
-        "accuracy": points,
-        "federated": fed_summary,
-        "wall_seconds": time.perf_counter() - t0,
-        "scenario_config": scenario.model_dump(mode="json"),
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_federated({scenario.name: points}, out_dir / "curves.png", title=f"{scenario.name}: {scenario.task.name}")
+    summary = RunSummary(
+        format=SUMMARY_FORMAT,
+        scenario=scenario.name,
+        task=scenario.task.name,
+        model=scenario.model.name,
+        mode="federated",
+        rounds=scenario.rounds,
+        rounds_done=done,
+        complete=done >= scenario.rounds,
+        initial_accuracy=points[0][1],
+        final_accuracy=points[-1][1],
+        accuracy=[(float(r), float(a)) for r, a in points],
+        federated=FederatedSummary.model_validate(fed_summary),
+        wall_seconds=wall_before + time.perf_counter() - t0,
+        scenario_config=scenario.model_dump(mode="json"),
+    )
+    summary.write(folder.path)
+    if summary.complete:
+        folder.drop_state()
+    plot_federated({scenario.name: points}, folder.path / "curves.png", title=f"{scenario.name}: {scenario.task.name}")
     return summary

@@ -57,22 +57,23 @@ def _series(per_client: Mapping[str, list[tuple[float, float]]], attackers: set[
 
 
 def compression_section(run: RunData) -> Section:
-    fed = run.federated or {}
-    found = fed.get("per_round")
-    per_round = [r for r in found if isinstance(r, Mapping)] if isinstance(found, list) else []
+    fed = run.federated
+    if fed is None:
+        return absent("compression", "Compression", "not a federated run")
+    per_round = [r.model_dump() for r in fed.per_round]
     sent = _by_client(per_round, "bytes_per_client")
     entries = _by_client(per_round, "entries_per_client")
     if not sent:
-        return absent("compression", "Compression", f"no updates sent in this run (method {fmt(fed.get('method'))})")
-    size, dense = number(fed.get("parameters")), number(fed.get("dense_bytes"))
+        return absent("compression", "Compression", f"no updates sent in this run (method {fmt(fed.method)})")
+    size, dense = number(fed.parameters), number(fed.dense_bytes)
     parts = [
         paragraph(
             f"{fmt(size)} parameters: a dense float32 update is {fmt(dense)} bytes. Per client per round, on "
-            f"average: {fmt(number(fed.get('entries_per_client_per_round')))} entries "
-            f"({fmt(number(fed.get('compression_entries')))}x fewer), "
-            f"{fmt(number(fed.get('bytes_per_client_per_round')))} bytes "
-            f"({fmt(number(fed.get('compression_bytes')))}x smaller). Budget {fmt(fed.get('budget'))}, "
-            f"values {fmt(fed.get('value_dtype'))}."
+            f"average: {fmt(number(fed.entries_per_client_per_round))} entries "
+            f"({fmt(number(fed.compression_entries))}x fewer), "
+            f"{fmt(number(fed.bytes_per_client_per_round))} bytes "
+            f"({fmt(number(fed.compression_bytes))}x smaller). Budget {fmt(fed.budget)}, "
+            f"values {fmt(fed.value_dtype)}."
         ),
         '<div class="grid">',
         figure(
@@ -158,9 +159,9 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def fed_attack_section(run: RunData) -> Section:
-    fed = run.federated or {}
-    attack = fed.get("attack")
-    if not attack:
+    fed = run.federated
+    attack = fed.attack if fed is not None else None
+    if fed is None or not attack:
         return absent("attack", "Attack", "no attack in this run")
     series = [
         Series(f"{attack}: {label}", column(run.rows, key))
@@ -169,12 +170,12 @@ def fed_attack_section(run: RunData) -> Section:
     series = [s for s in series if s.points]
     parts = [
         paragraph(
-            f"Attack {attack}: mean attacker weight share {fmt(number(fed.get('attacker_weight_share')))}, "
-            f"influence {fmt(number(fed.get('attacker_influence')))}."
+            f"Attack {attack}: mean attacker weight share {fmt(number(fed.attacker_weight_share))}, "
+            f"influence {fmt(number(fed.attacker_influence))}."
         )
     ]
     if series:
-        clients = number(fed.get("clients"))
+        clients = number(fed.clients)
         k = number(mapping(mapping(run.config.get("federated")).get("attack")).get("clients"))
         fair = (k / clients, "fair share") if k and clients else None
         svg = line_plot("fedattack", series, "share", unit_range=True, reference=fair)

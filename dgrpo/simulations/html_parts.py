@@ -31,8 +31,8 @@ def fmt(value: object) -> str:
     if isinstance(value, float):
         if value != value:  # NaN
             return "-"
-        if value.is_integer() and abs(value) >= 1000:
-            return f"{value:,.0f}"
+        if value.is_integer() and abs(value) >= 100:
+            return f"{value:,.0f}"  # a count that went through a float (a mean, a JSON float) shows as one
         if 0 < abs(value) < 0.001:
             return f"{value:.2e}"  # an overhead ratio of 3e-4 is not 0.000
         return f"{value:.3f}" if abs(value) < 100 else f"{value:,.1f}"
@@ -49,7 +49,17 @@ class Cell:
     value: object
 
 
+@dataclass(frozen=True)
+class Link:
+    """A table cell that links to ``href`` (a relative path: another page next to this one)."""
+
+    text: str
+    href: str
+
+
 def _cell(value: object) -> str:
+    if isinstance(value, Link):
+        return f'<td data-sort="{esc(value.text)}"><a href="{esc(value.href)}">{esc(value.text)}</a></td>'
     shown, key = (value.text, value.value) if isinstance(value, Cell) else (fmt(value), value)
     n = number(key)
     if n is not None:

@@ -31,10 +31,10 @@ class Series:
     dashed: bool = False
 
 
-def literal(label: str) -> str:
+def literal(label: str, chars: int = LABEL_CHARS) -> str:
     """``label`` as matplotlib will show it verbatim: ``$`` escaped (no mathtext), no leading ``_`` (which
-    would hide it from the legend), cut to :data:`LABEL_CHARS`."""
-    text = label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"
+    would hide it from the legend), cut to ``chars`` characters."""
+    text = label if len(label) <= chars else label[: chars - 1] + "…"
     text = text.replace("\\", "\\\\").replace("$", r"\$")
     return " " + text if text.startswith("_") else text
 
@@ -69,10 +69,11 @@ def line_plot(
         if series or reference is not None:
             ax.legend(loc="best", fontsize=8)
         fig.tight_layout()
-        return _svg(fig, name)
+        return to_svg(fig, name)
 
 
-def _svg(fig: Figure, name: str) -> str:
+def to_svg(fig: Figure, name: str) -> str:
+    """``fig`` as inline SVG markup, its ids prefixed with ``name``; the figure is closed."""
     buf = io.StringIO()
     fig.savefig(buf, format="svg")
     plt.close(fig)

@@ -56,9 +56,9 @@ FEDERATED: list[Builder] = [
 def render_page(run: RunData) -> str:
     sections = [build(run) for build in (FEDERATED if run.federated is not None else DECENTRALISED)]
     s = run.summary
-    kind = "federated" if run.federated is not None else "decentralised"
-    subtitle = f"{kind} run, task {s.get('task', '?')}, {s.get('rounds', '?')} rounds; folder {run.folder}"
-    return page(f"dgrpo run: {s.get('scenario', run.folder.name)}", subtitle, sections)
+    kind = "federated" if run.federated is not None else "testnet" if s.mode.startswith("testnet") else "decentralised"
+    subtitle = f"{kind} run, task {s.task}, {s.rounds} rounds; folder {run.folder}"
+    return page(f"dgrpo run: {s.scenario}", subtitle, sections)
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:

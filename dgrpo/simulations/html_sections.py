@@ -14,7 +14,8 @@ from typing import Any
 
 from dgrpo.simulations.html_parts import Cell, Section, absent, details, figure, fmt, paragraph, section, table
 from dgrpo.simulations.html_plots import Series, line_plot
-from dgrpo.simulations.html_run import RunData, column, counts, mapping, number, points
+from dgrpo.simulations.html_run import RunData, column, counts, defense_column, mapping, number, points
+from dgrpo.simulations.summary import DefenseSummary
 
 MAX_PEERS = 1000  # rows of the peer table: a hostile node count must not make a page of millions
 
@@ -32,28 +33,38 @@ def _seeds(config: Mapping[str, Any]) -> str:
 
 def config_section(run: RunData) -> Section:
     s, config = run.summary, run.config
-    defense = mapping(s.get("defense")).get("names", mapping(config.get("defense")).get("chain"))
+    chain = s.defense.names if s.defense is not None else mapping(config.get("defense")).get("chain")
     rows: list[tuple[str, str]] = [
-        ("scenario", _text(s.get("scenario"))),
+        ("scenario", _text(s.scenario)),
         ("run id", _text(config.get("run_id"))),
-        ("mode", _text(s.get("mode"))),
-        ("task", _text(s.get("task"))),
-        ("model", _text(s.get("model"))),
-        ("rounds", _text(s.get("rounds"))),
+        ("mode", _text(s.mode)),
+        ("task", _text(s.task)),
+        ("model", _text(s.model)),
+        ("rounds", _text(s.rounds)),
     ]
-    if run.federated is None:
+    if s.rounds_done is not None and s.rounds_done != s.rounds:
+        rows.append(("rounds done", _text(s.rounds_done)))
+    fed = run.federated
+    if fed is None:
         rows += [
-            ("nodes", _text(s.get("nodes"))),
-            ("malicious nodes", _text(s.get("malicious"))),
-            ("rollout split", _text(s.get("split"))),
-            ("attack", _text(s.get("attack") or "none")),
-            ("defense chain", _text(defense or "none")),
+            ("nodes", _text(s.nodes)),
+            ("malicious nodes", _text(s.malicious)),
+            ("rollout split", _text(s.split)),
+            ("attack", _text(s.attack or "none")),
+            ("defense chain", _text(chain or "none")),
         ]
     else:
-        fed = run.federated
-        keys = ("method", "clients", "partition", "weighting", "aggregator", "calibration", "budget", "bound_stats")
-        rows += [(f"federated {key}", _text(fed.get(key))) for key in keys]
-        rows.append(("federated attack", _text(fed.get("attack") or "none")))
+        rows += [
+            ("federated method", fed.method),
+            ("federated clients", _text(fed.clients)),
+            ("federated partition", fed.partition),
+            ("federated weighting", fed.weighting),
+            ("federated aggregator", fed.aggregator),
+            ("federated calibration", _text(fed.calibration)),
+            ("federated budget", _text(fed.budget)),
+            ("federated bound_stats", _text(fed.bound_stats)),
+            ("federated attack", fed.attack or "none"),
+        ]
     rows += [("seeds", _seeds(config)), ("run folder", str(run.folder))]
     dump = json.dumps(config, indent=2, sort_keys=True, default=str) if config else "(no scenario_config in summary)"
     return section(
@@ -64,42 +75,46 @@ def config_section(run: RunData) -> Section:
 def results_section(run: RunData) -> Section:
     s = run.summary
     rows: list[tuple[str, object]] = [
-        ("initial accuracy", number(s.get("initial_accuracy"))),
-        ("final accuracy", number(s.get("final_accuracy"))),
+        ("initial accuracy", number(s.initial_accuracy)),
+        ("final accuracy", number(s.final_accuracy)),
     ]
-    if run.federated is None:
-        defense = mapping(s.get("defense"))
+    fed = run.federated
+    if fed is None:
+        defense = s.defense
         rows += [
-            ("final honest reward", number(s.get("final_honest_reward"))),
-            (f"final {s.get('asr_metric') or 'ASR'}", number(s.get("final_asr"))),
-            ("attackers' share of trained completions", number(s.get("attacker_share"))),
-            ("their fair share", number(s.get("fair_share")) if s.get("malicious") else None),
-            ("defense stop rate", number(defense.get("stop_rate"))),
-            ("defense false-positive rate", number(defense.get("false_positive_rate"))),
-            ("defense overhead (x generation time)", number(defense.get("overhead_ratio"))),
+            ("final honest reward", number(s.final_honest_reward)),
+            (f"final {s.asr_metric or 'ASR'}", number(s.final_asr)),
+            ("attackers' share of trained completions", number(s.attacker_share)),
+            ("their fair share", number(s.fair_share) if s.malicious else None),
+            ("defense stop rate", number(s.stop_rate)),
+            ("defense false-positive rate", number(s.false_positive_rate)),
+            ("defense overhead (x generation time)", number(defense.overhead_ratio) if defense else None),
         ]
     else:
-        fed = run.federated
         rows += [
-            ("compression, entries (x fewer than dense)", number(fed.get("compression_entries"))),
-            ("compression, bytes (x fewer than dense)", number(fed.get("compression_bytes"))),
-            ("attacker weight share", number(fed.get("attacker_weight_share"))),
-            ("attacker influence", number(fed.get("attacker_influence"))),
+            ("compression, entries (x fewer than dense)", number(fed.compression_entries)),
+            ("compression, bytes (x fewer than dense)", number(fed.compression_bytes)),
+            ("attacker weight share", number(fed.attacker_weight_share)),
+            ("attacker influence", number(fed.attacker_influence)),
         ]
-    rows.append(("wall seconds", number(s.get("wall_seconds"))))
+    rows.append(("wall seconds", number(s.wall_seconds)))
     return section("results", "Results", table("results", ["measure", "value"], rows))
 
 
+def reward_keys(run: RunData) -> list[tuple[str, str]]:
+    """The rows' reward columns of this kind of run, with their legend labels."""
+    if run.federated is not None:
+        return [("mean_reward", "honest clients' mean reward"), ("global_mean_reward", "global (aggregated) reward")]
+    return [("honest_mean_reward", "honest nodes' mean reward"), ("honest_own_reward", "reward of own completions")]
+
+
 def curves_section(run: RunData) -> Section:
-    acc = points(run.summary.get("accuracy"))
+    acc = points(run.summary.accuracy)
     parts = []
     if acc:
         svg = line_plot("accuracy", [Series("held-out accuracy", acc)], "accuracy", unit_range=True)
         parts.append(figure("accuracy", svg, "Held-out accuracy at each evaluation (round 0: before training)."))
-    keys = [("mean_reward", "honest clients' mean reward"), ("global_mean_reward", "global (aggregated) reward")]
-    if run.federated is None:
-        keys = [("honest_mean_reward", "honest nodes' mean reward"), ("honest_own_reward", "reward of own completions")]
-    rewards = [Series(label, column(run.rows, key)) for key, label in keys]
+    rewards = [Series(label, column(run.rows, key)) for key, label in reward_keys(run)]
     rewards = [r for r in rewards if r.points]
     if rewards:
         svg = line_plot("reward", rewards, "mean reward", unit_range=True)
@@ -111,21 +126,20 @@ def curves_section(run: RunData) -> Section:
 
 def attack_section(run: RunData) -> Section:
     s = run.summary
-    attack = s.get("attack")
+    attack = s.attack
     if not attack:
         return absent("attack", "Attack", "no attack in this run")
-    metric = s.get("asr_metric") or "asr"
-    unit = metric == "asr"
+    unit = not s.length_metric
     label = f"{attack}: {'ASR' if unit else 'mean completion length'}"
-    parts = [paragraph(f"Attack {attack}: {fmt(s.get('malicious'))} malicious node(s).")]
-    asr = points(s.get("asr"))
+    parts = [paragraph(f"Attack {attack}: {fmt(s.malicious)} malicious node(s).")]
+    asr = points(s.asr)
     if asr:
         ylabel = "attack success rate" if unit else "mean completion length (chars)"
         svg = line_plot("asr", [Series(label, asr)], ylabel, unit_range=unit)
         parts.append(figure("asr", svg, f"{label} of the honest nodes at each evaluation."))
     else:
         parts.append(paragraph("No ASR points recorded."))
-    stats = counts(s.get("attack_stats"))
+    stats = counts(s.attack_stats)
     if stats:
         parts.append(table("attack-stats", ["attacker counter", "count"], sorted(stats.items())))
     return section("attack", "Attack", *parts)
@@ -136,16 +150,16 @@ def _kind_row(label: str, received: float, rejected: float, rate: float | None, 
     return [label, rejected, received - rejected, received, Cell(shown, rate)]
 
 
-def _confusion(defense: Mapping[str, Any]) -> str:
-    c = counts(defense.get("counts"))
+def _confusion(defense: DefenseSummary) -> str:
+    c = counts(defense.counts)
     rows = []
     kinds = [
-        ("malicious: poisoned", "poison", "stop rate", defense.get("stop_rate")),
+        ("malicious: poisoned", "poison", "stop rate", defense.stop_rate),
         ("malicious: other (fill)", "attacker_other", "stop rate", None),
-        ("honest", "honest", "FPR", defense.get("false_positive_rate")),
+        ("honest", "honest", "FPR", defense.false_positive_rate),
     ]
     for label, kind, rate_name, given in kinds:
-        received, rejected = c.get(f"{kind}_received", 0.0), c.get(f"{kind}_rejected", 0.0)
+        received, rejected = c.get(f"{kind}_received", 0), c.get(f"{kind}_rejected", 0)
         if not received and kind == "attacker_other":
             continue
         rate = number(given) if given is not None else (rejected / received if received else None)
@@ -155,18 +169,17 @@ def _confusion(defense: Mapping[str, Any]) -> str:
 
 
 def defense_section(run: RunData) -> Section:
-    defense = mapping(run.summary.get("defense"))
-    if not defense:
+    defense = run.summary.defense
+    if defense is None:
         return absent("defense", "Defense", "no defense in this run (no chain and no attacker to measure)")
-    names = defense.get("names")
-    chain = ", ".join(str(n) for n in names) if isinstance(names, list) and names else "none (the admit stage only)"
-    overhead = number(defense.get("overhead_ratio"))
+    chain = ", ".join(defense.names) if defense.names else "none (the admit stage only)"
+    overhead = number(defense.overhead_ratio)
     parts = [
         paragraph(f"Chain: {chain}. Overhead: {fmt(overhead)} x the generation time of the checked completions."),
         _confusion(defense),
     ]
     series = [
-        Series(label, _defense_column(run, key))
+        Series(label, defense_column(run.rows, key))
         for key, label in (("stop_rate", "stop rate"), ("false_positive_rate", "FPR"))
     ]
     series = [s for s in series if s.points]
@@ -175,34 +188,25 @@ def defense_section(run: RunData) -> Section:
         caption = "Stop rate and false-positive rate per round (a round without that kind of completion: no point)."
         parts.append(figure("defense", svg, caption))
     parts.append(paragraph("Rejections by reason, at every stage: in Peers."))
-    banned = [
-        [str(checker), str(peer), number(rnd)]
-        for checker, peers in mapping(defense.get("blacklisted")).items()
-        for peer, rnd in mapping(peers).items()
-    ]
+    banned = [[checker, peer, rnd] for checker, peers in defense.blacklisted.items() for peer, rnd in peers.items()]
     if banned:
         parts.append(table("blacklisted", ["checker", "peer blacklisted", "round"], banned))
     return section("defense", "Defense", *parts)
 
 
-def _defense_column(run: RunData, key: str) -> list[tuple[float, float]]:
-    out = []
-    for row in run.rows:
-        r, v = number(row.get("round")), number(mapping(row.get("defense")).get(key))
-        if r is not None and v is not None:
-            out.append((r, v))
-    return out
+def _blacklisted(run: RunData) -> dict[str, dict[str, int]]:
+    return run.summary.defense.blacklisted if run.summary.defense is not None else {}
 
 
 def _peer_names(run: RunData) -> list[tuple[str, str]]:
     s = run.summary
-    n = int(min(number(s.get("nodes")) or 0, MAX_PEERS))
-    m = int(min(number(s.get("malicious")) or 0, n))
+    n = max(0, min(s.nodes or 0, MAX_PEERS))
+    m = max(0, min(s.malicious, n))
     peers = [(f"node-{i}", "malicious" if i >= n - m else "honest") for i in range(n)]
     known = {p for p, _ in peers}
-    for blocked in mapping(mapping(s.get("defense")).get("blacklisted")).values():
-        peers += [(str(p), "unknown") for p in mapping(blocked) if str(p) not in known and len(peers) < MAX_PEERS]
-        known |= {str(p) for p in mapping(blocked)}
+    for blocked in _blacklisted(run).values():
+        peers += [(p, "unknown") for p in blocked if p not in known and len(peers) < MAX_PEERS]
+        known |= set(blocked)
     return peers
 
 
@@ -221,11 +225,11 @@ def _per_author(run: RunData) -> dict[str, dict[str, float]]:
 
 def peers_section(run: RunData) -> Section:
     """Each peer's role and who blacklisted it, the verdicts by sender role, and every rejection by reason."""
-    defense = mapping(run.summary.get("defense"))
-    blocked: dict[str, list[float]] = {}
-    for peers in mapping(defense.get("blacklisted")).values():
-        for peer, rnd in mapping(peers).items():
-            blocked.setdefault(str(peer), []).append(number(rnd) or 0.0)
+    defense = run.summary.defense
+    blocked: dict[str, list[int]] = {}
+    for peers in _blacklisted(run).values():
+        for peer, rnd in peers.items():
+            blocked.setdefault(peer, []).append(rnd)
     names = _peer_names(run)
     per_author = _per_author(run)
     rows = [[p, role, len(blocked.get(p, [])), min(blocked[p]) if p in blocked else None] for p, role in names]
@@ -243,7 +247,7 @@ def peers_section(run: RunData) -> Section:
                    "acceptance rate"]  # fmt: skip
         caption = "Per peer, summed over the honest nodes and rounds (metrics.jsonl by_author)"
         parts.append(table("per-peer", headers, peer_rows, caption))
-    c = counts(defense.get("counts"))
+    c = counts(defense.counts if defense is not None else {})
     honest = ", ".join(p for p, role in names if role == "honest")
     malicious = ", ".join(p for p, role in names if role == "malicious")
     acceptance = []
@@ -252,7 +256,7 @@ def peers_section(run: RunData) -> Section:
         ("malicious: poisoned", malicious, "poison"),
         ("malicious: other", malicious, "attacker_other"),
     ):
-        received, rejected = c.get(f"{kind}_received", 0.0), c.get(f"{kind}_rejected", 0.0)
+        received, rejected = c.get(f"{kind}_received", 0), c.get(f"{kind}_rejected", 0)
         if received:
             acceptance.append([label, who, received - rejected, rejected, received, (received - rejected) / received])
     if acceptance:
@@ -261,9 +265,9 @@ def peers_section(run: RunData) -> Section:
         parts.append(table("acceptance", headers, acceptance, caption))
     else:
         parts.append(paragraph("Verdicts per sender are measured with a defense chain or an attacker only."))
-    wire = mapping(run.summary.get("wire"))
+    wire = mapping(run.summary.wire)
     stages = [
-        ("defense", defense.get("rejected_by_reason")),
+        ("defense", defense.rejected_by_reason if defense is not None else {}),
         ("admission", wire.get("admission_rejected")),
         ("validator", wire.get("messages_rejected")),
         ("dropped", wire.get("dropped")),
@@ -287,7 +291,7 @@ def rounds_section(run: RunData) -> Section:
         "honest reward",
         "own reward",
         "accuracy",
-        run.summary.get("asr_metric") or "asr",
+        run.summary.asr_metric or "asr",
         "loss",
         "exchanged",
         "accepted",
@@ -313,7 +317,7 @@ def rounds_section(run: RunData) -> Section:
     for row in run.rows:
         defense = mapping(row.get("defense"))
         values = [number(row.get(k)) for k in keys]
-        if run.summary.get("asr_metric") == "mean_length":
+        if run.summary.length_metric:
             values[4] = number(row.get("mean_length"))
         values += [
             number(defense.get("stop_rate")),

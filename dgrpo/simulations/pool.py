@@ -90,6 +90,19 @@ class LearnerPool:
             learner.batcher = self
             learner.keep_digest = True  # the pool's own bookkeeping rests on torch's version counters too
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Snapshots are taken between rounds (:mod:`dgrpo.simulations.snapshot`): nobody is in a round and
+        nothing waits. The state keys are indexed by ``id(learner)``, which a loaded learner does not keep, so
+        they are dropped and recomputed from the tensors when first asked."""
+        state = dict(self.__dict__)
+        state.update(_in_round=set(), _pending=[], _busy=False, _keys={})
+        del state["_cv"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._cv = threading.Condition()
+
     # ------------------------------------------------------------------ the rendezvous
     def enter(self, learner: Learner) -> None:
         with self._cv:
@@ -274,7 +287,8 @@ def _state_digest(learner: Learner) -> bytes:
 
 def _batch_digest(call: _Call) -> bytes:
     """What, besides the state, an update is a function of: the batch, the temperature, the length bound, the
-    learning rate and the learner's settings."""
+    learning rate and the learner's settings (``updates_per_round`` among them: a learner's several updates on one
+    batch are still one deterministic function of state and batch, copied whole)."""
     assert call.train is not None
     samples, temperature, max_new = call.train
     learner = call.learner

@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -197,9 +197,11 @@ class RayEngine:
         points: list[list[EvalPoint]] = self.ray.get([a.eval_points.remote() for a in self.actors])
         return [p for group in points for p in group]
 
-    def run(self, observers: Sequence[RoundObserver]) -> None:
+    name = "ray"
+
+    def run(self, observers: Sequence[RoundObserver], rounds: range, between: Callable[[int], bool]) -> None:
         ray = self.ray
-        for round_idx in range(1, self.scenario.rounds + 1):
+        for round_idx in rounds:
             published: list[list[bytes]] = ray.get([a.produce.remote(round_idx) for a in self.actors])
             calls = []
             for i, a in enumerate(self.actors):
@@ -207,6 +209,8 @@ class RayEngine:
                 calls.append(a.consume.remote(round_idx, others))
             results: list[list[RoundOutcome]] = ray.get(calls)
             notify(observers, round_idx, [o for group in results for o in group])
+            if between(round_idx):
+                break
 
     def _stats(self) -> list[dict[str, Any]]:
         stats: list[dict[str, Any]] = self.ray.get([a.stats.remote() for a in self.actors])

@@ -3,23 +3,26 @@ envelopes, each receiver's validator and replay window), each running the daemon
 (:func:`dgrpo.round.run.run_round`'s three phases, each for every node at once: :mod:`dgrpo.simulations.phased`)
 every round; the outcomes go to the same observer interface as a daemon's. Engines: ``docs/simulations.md``.
 
-Outputs ``metrics.jsonl`` (one row per round), ``summary.json`` and ``curves.png`` in the output folder.
+Outputs (:mod:`dgrpo.simulations.run_folder`): ``metrics.jsonl`` (a row appended as each round ends),
+``summary.json`` (:class:`~dgrpo.simulations.summary.RunSummary`) and plots; between rounds, the snapshot that
+:func:`resume_simulation` continues from (:mod:`dgrpo.simulations.snapshot`).
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import trio
 
+from dgrpo.errors import ConfigError
 from dgrpo.round.observer import RoundObserver, notify
-from dgrpo.round.outcome import RoundOutcome
+from dgrpo.round.tensorboard import TensorBoardObserver
+from dgrpo.simulations import snapshot
 from dgrpo.simulations.defense_metrics import DefenseMeter
 from dgrpo.simulations.evaluation import EvalPoint, Evaluator
 from dgrpo.simulations.federated import run_federated
@@ -27,8 +30,12 @@ from dgrpo.simulations.nodes import attack_stats, build_evaluator, build_nodes, 
 from dgrpo.simulations.phased import phased_round
 from dgrpo.simulations.plots import plot_asr, plot_curves
 from dgrpo.simulations.pool import LearnerPool
+from dgrpo.simulations.round_rows import RoundRows, eval_fields
+from dgrpo.simulations.run_folder import RunFolder, prepare
 from dgrpo.simulations.scenario import Scenario
 from dgrpo.simulations.sim_node import SimNode
+from dgrpo.simulations.stopping import StopRequest
+from dgrpo.simulations.summary import SUMMARY_FORMAT, DefenseSummary, RunSummary
 from dgrpo.tasks import get_task
 
 if TYPE_CHECKING:
@@ -37,116 +44,51 @@ if TYPE_CHECKING:
 RoundCallback = Callable[[dict[str, Any]], None]
 
 
-class RoundRows(RoundObserver):
-    """``metrics.jsonl``: one row per round over all nodes (rewards and loss of the honest ones), with the
-    defense meter's and the evaluator's numbers for that round (they observe first)."""
-
-    def __init__(self, meter: DefenseMeter | None, evaluator: Evaluator, on_round: RoundCallback | None) -> None:
-        self.meter = meter
-        self.evaluator = evaluator
-        self.callback = on_round
-        self.rows: list[dict[str, Any]] = []
-        self.trained = self.trained_from_attackers = 0  # completions honest nodes trained on, over the run
-
-    def attacker_share(self) -> float | None:
-        """The attackers' share of every completion the honest nodes trained on (their fair share is
-        ``malicious / count``: each node contributes the same share of every round)."""
-        return self.trained_from_attackers / self.trained if self.trained else None
-
-    def on_round(self, round_idx: int, outcomes: Sequence[RoundOutcome]) -> None:
-        honest = [o for o in outcomes if o.produced.attack is None]
-        attackers = {o.peer_id for o in outcomes if o.produced.attack is not None}
-        trained = sum(o.completions_trained for o in honest)
-        from_attackers = sum(1 for o in honest for s in o.scoring.scored if s.author in attackers)
-        self.trained += trained
-        self.trained_from_attackers += from_attackers
-        rejected: Counter[str] = Counter()
-        for o in outcomes:
-            rejected.update(o.admission.rejected)
-        losses = [o.step.loss for o in honest if o.step is not None]
-        row: dict[str, Any] = {
-            "round": round_idx,
-            "honest_mean_reward": sum(o.scoring.mean_reward for o in honest) / max(len(honest), 1),
-            "honest_own_reward": sum(o.scoring.mean_reward_of(o.peer_id) for o in honest) / max(len(honest), 1),
-            "completions_exchanged": sum(o.produced.completions for o in outcomes),
-            "completions_accepted": sum(o.completions_trained for o in outcomes),
-            "rejected": dict(rejected),
-            "loss": sum(losses) / len(losses) if losses else None,
-            "seconds": max((o.round_seconds for o in outcomes), default=0.0),
-            "reward_seconds": sum(o.scoring.seconds for o in outcomes),
-            "poison_published": sum(o.produced.poisoned_count for o in outcomes),
-            "attacker_share": from_attackers / trained if trained and attackers else None,
-        }
-        row["by_author"] = _by_author(honest)
-        if self.meter is not None:
-            row["defense"] = self.meter.rows[round_idx]
-        point = self.evaluator.point_at(round_idx)
-        if point is not None:
-            row.update(_eval_fields(point))
-        self.rows.append(row)
-        if self.callback is not None:
-            self.callback(row)
-
-
-def _by_author(honest: Sequence[RoundOutcome]) -> dict[str, dict[str, int]]:
-    """Per author, over the honest nodes' round: completions trained on (scored), peers' completions the
-    defenses checked and rejected, and messages the admit stage rejected (the HTML report's peer table)."""
-    table: dict[str, Counter[str]] = {}
-
-    def add(author: str, key: str, n: int) -> None:
-        table.setdefault(author, Counter())[key] += n
-
-    for o in honest:
-        for s in o.scoring.scored:
-            if s.author != o.peer_id:
-                add(s.author, "trained", 1)
-        for author, n in o.admission.rejected_by_author.items():
-            add(author, "admission_rejected", n)
-        if o.defense is not None:
-            for author, n in o.defense.checked_by_author.items():
-                add(author, "defense_checked", n)
-            for author, n in o.defense.rejected_by_author.items():
-                add(author, "defense_rejected", n)
-    return {author: dict(sorted(c.items())) for author, c in sorted(table.items())}
-
-
-def _eval_fields(point: EvalPoint) -> dict[str, Any]:
-    row: dict[str, Any] = {"accuracy": point.accuracy, "mean_length": point.mean_length}
-    if point.asr is not None:
-        row["asr"] = point.asr
-    return row
+Between = Callable[[int], bool]  # called after each round; True: stop the run there
 
 
 async def _simulate(
-    scenario: Scenario, nodes: list[SimNode], observers: Sequence[RoundObserver], pool: LearnerPool | None = None
+    scenario: Scenario,
+    nodes: list[SimNode],
+    rounds: range,
+    observers: Sequence[RoundObserver],
+    between: Between,
+    pool: LearnerPool | None = None,
 ) -> None:
     limiter = trio.CapacityLimiter(1)  # one torch job at a time: reproducible, and no core contention
     async with trio.open_nursery() as pumps:
         for sim in nodes:
             pumps.start_soon(sim.inbox.pump, sim.transport.inbound())
-        for round_idx in range(1, scenario.rounds + 1):
+        for round_idx in rounds:
             # the daemon's round (run_round), phase by phase for every node at once; without a pool, the
             # nodes' torch work one job at a time
             done = await phased_round(
                 nodes, round_idx, scenario.round.deadline_seconds, pool, None if pool is not None else limiter
             )
             await trio.to_thread.run_sync(notify, observers, round_idx, done, limiter=limiter)
+            if await trio.to_thread.run_sync(between, round_idx, limiter=limiter):
+                break
         pumps.cancel_scope.cancel()
 
 
 class InProcessEngine:
     """Every node in this process (``engine.name = "inprocess"``, the default), batched where
-    ``engine.batched`` allows (:mod:`dgrpo.simulations.pool`)."""
+    ``engine.batched`` allows (:mod:`dgrpo.simulations.pool`). ``nodes`` and ``pool``: a resumed run's, from
+    its snapshot."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    name = "inprocess"
+
+    def __init__(self, scenario: Scenario, nodes: list[SimNode] | None = None, pool: LearnerPool | None = None) -> None:
         self.scenario = scenario
-        self.nodes = build_nodes(scenario)
+        self.nodes = nodes if nodes is not None else build_nodes(scenario)
         batched = scenario.engine.batched and len(self.nodes) > 1
-        self.pool = LearnerPool(sim.node.learner for sim in self.nodes) if batched else None
+        if nodes is None:
+            pool = LearnerPool(sim.node.learner for sim in self.nodes) if batched else None
+        self.pool = pool
         self.eval_points: Callable[[], list[EvalPoint]] | None = None  # the evaluator reads self.nodes
 
-    def run(self, observers: Sequence[RoundObserver]) -> None:
-        trio.run(_simulate, self.scenario, self.nodes, observers, self.pool)
+    def run(self, observers: Sequence[RoundObserver], rounds: range, between: Between) -> None:
+        trio.run(_simulate, self.scenario, self.nodes, rounds, observers, between, self.pool)
 
     def attack_stats(self) -> dict[str, int]:
         return attack_stats(self.nodes)
@@ -161,77 +103,191 @@ class InProcessEngine:
         pass
 
 
-def run_simulation(scenario: Scenario, out_dir: Path, on_round: RoundCallback | None = None) -> dict[str, Any]:
-    """Run ``scenario`` and write its results to ``out_dir``; returns the summary. A ``[federated]``
-    scenario runs in :func:`dgrpo.simulations.federated.run_federated`; ``engine.name = "ray"`` on Ray actors
-    (:mod:`dgrpo.simulations.ray_engine`)."""
+@dataclass
+class _Tallies:
+    """What a simulation carries from round to round besides its nodes (all of it in the snapshot)."""
+
+    evaluator: Evaluator
+    meter: DefenseMeter | None
+    rows: RoundRows
+    rounds_done: int = 0
+    wall_seconds: float = 0.0  # of the run's earlier sessions
+
+
+def run_simulation(
+    scenario: Scenario,
+    out_dir: Path,
+    on_round: RoundCallback | None = None,
+    *,
+    overwrite: bool = False,
+    stop: StopRequest | None = None,
+    observers: Sequence[RoundObserver] = (),
+) -> RunSummary:
+    """Run ``scenario`` and write its results to ``out_dir`` (refused where a run is there already, unless
+    ``overwrite``); returns the summary. A ``[federated]`` scenario runs in
+    :func:`dgrpo.simulations.federated.run_federated`; ``engine.name = "ray"`` on Ray actors
+    (:mod:`dgrpo.simulations.ray_engine`). ``stop``: set (e.g. by a signal) to stop after the round in
+    progress, with everything saved for :func:`resume_simulation`."""
+    folder = prepare(out_dir, overwrite=overwrite)
     if scenario.federated is not None:
-        return run_federated(scenario, out_dir, on_round)
+        return run_federated(scenario, folder, on_round, stop=stop)
+    return _run(scenario, folder, None, on_round, stop, observers)
+
+
+def resume_simulation(
+    out_dir: Path,
+    on_round: RoundCallback | None = None,
+    *,
+    stop: StopRequest | None = None,
+    observers: Sequence[RoundObserver] = (),
+) -> RunSummary:
+    """Continue the interrupted run in ``out_dir`` from its last saved round, with the same results as a run
+    that was never interrupted (models, optimizers, adversaries' and defenses' memory, RNGs: the snapshot)."""
+    folder = prepare(out_dir, resume=True)
+    saved = snapshot.load(folder.snapshot)
+    scenario: Scenario = saved["scenario"]
+    if scenario.federated is not None:
+        return run_federated(scenario, folder, on_round, stop=stop, saved=saved)
+    return _run(scenario, folder, saved, on_round, stop, observers)
+
+
+def _run(
+    scenario: Scenario,
+    folder: RunFolder,
+    saved: dict[str, Any] | None,
+    on_round: RoundCallback | None,
+    stop: StopRequest | None,
+    observers: Sequence[RoundObserver],
+) -> RunSummary:
     t0 = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
     if scenario.torch_threads:
         torch.set_num_threads(scenario.torch_threads)
     engine: InProcessEngine | RayEngine
     if scenario.engine.name == "ray":
+        if saved is not None:
+            raise ConfigError("a run on Ray cannot be resumed (its nodes' state lives in the actors); rerun it")
         from dgrpo.simulations.ray_engine import RayEngine  # the optional `ray` extra
 
         engine = RayEngine(scenario)
         task = get_task(scenario.task.name, **scenario.task.options)
+    elif saved is not None:
+        engine = InProcessEngine(scenario, saved["nodes"], saved["pool"])
+        task = engine.nodes[0].node.task
     else:
         engine = InProcessEngine(scenario)
         task = engine.nodes[0].node.task
+    board: TensorBoardObserver | None = None
     try:
-        evaluator = build_evaluator(scenario, task, engine.nodes, engine.eval_points)
-        # Measured with an attacker even without a chain: the admit stage's plan binding stops poison too.
-        meter = DefenseMeter() if scenario.defense.chain or scenario.nodes.malicious else None
-        rows = RoundRows(meter, evaluator, on_round)
-        evaluator.start()
-        engine.run([evaluator, *([meter] if meter else []), rows])
+        if saved is not None:
+            tallies: _Tallies = saved["tallies"]
+            folder.rewrite_rows(tallies.rows.rows)
+        else:
+            evaluator = build_evaluator(scenario, task, engine.nodes, engine.eval_points)
+            # Measured with an attacker even without a chain: the admit stage's plan binding stops poison too.
+            meter = DefenseMeter() if scenario.defense.chain or scenario.nodes.malicious else None
+            tallies = _Tallies(evaluator, meter, RoundRows(meter, evaluator))
+            evaluator.start()
+        if scenario.logging.tensorboard is not None:  # after the rows: it writes the round's row under run/
+            purge = tallies.rounds_done + 1 if saved is not None else None
+            board = TensorBoardObserver(scenario.logging.tensorboard, rows=tallies.rows.rows, purge_step=purge)
+            observers = [*observers, board]
+            if saved is None:
+                board.log_row(0, eval_fields(tallies.evaluator.points[0][1]))
+        watchers = [tallies.evaluator, *([tallies.meter] if tallies.meter else []), tallies.rows, *observers]
+        every = scenario.checkpoint_every
+
+        def between(round_idx: int) -> bool:
+            row = tallies.rows.rows[-1]
+            folder.append_row(row)
+            tallies.rounds_done = round_idx
+            if on_round is not None:
+                on_round(row)
+            stopping = stop is not None and stop.requested
+            due = stopping or (every and round_idx % every == 0)
+            if every and due and isinstance(engine, InProcessEngine) and round_idx < scenario.rounds:
+                _save(folder, engine, tallies, t0)
+            return stopping
+
+        rounds = range(tallies.rounds_done + 1, scenario.rounds + 1)
+        engine.run(watchers, rounds, between)
         attacks, wire, engine_info = engine.attack_stats(), engine.wire_stats(), engine.info()
     finally:
         engine.close()
+        if board is not None:
+            board.close()
+    summary = _summary(scenario, tallies, attacks, wire, engine_info, tallies.wall_seconds + time.perf_counter() - t0)
+    summary.write(folder.path)
+    if summary.complete:
+        folder.drop_state()
+    _plots(scenario, tallies, folder.path)
+    return summary
+
+
+def _save(folder: RunFolder, engine: InProcessEngine, tallies: _Tallies, t0: float) -> None:
+    wall = tallies.wall_seconds
+    tallies.wall_seconds = wall + time.perf_counter() - t0  # as saved: the time up to this round
+    try:
+        state = {"scenario": engine.scenario, "nodes": engine.nodes, "pool": engine.pool, "tallies": tallies}
+        snapshot.save(folder.snapshot, state)
+    finally:
+        tallies.wall_seconds = wall
+
+
+def _summary(
+    scenario: Scenario,
+    tallies: _Tallies,
+    attacks: dict[str, int],
+    wire: dict[str, Any],
+    engine_info: dict[str, Any],
+    wall_seconds: float,
+) -> RunSummary:
+    rows, evaluator, meter = tallies.rows, tallies.evaluator, tallies.meter
     models = {f"node-{i}": scenario.node_model(i).name for i in range(scenario.nodes.count)}
-    defense_summary = meter.summary(scenario.defense.chain, models) if meter is not None else None
-    with (out_dir / "metrics.jsonl").open("w") as f:
-        for row in rows.rows:
-            f.write(json.dumps(row) + "\n")
     evals = evaluator.points
+    accuracy = [(float(r), e.accuracy) for r, e in evals]
+    asr = [(float(r), e.asr) for r, e in evals if e.asr is not None]
+    done = tallies.rounds_done
+    return RunSummary(
+        format=SUMMARY_FORMAT,
+        scenario=scenario.name,
+        task=scenario.task.name,
+        model=scenario.model.name if scenario.nodes.mode == "homogeneous" else list(scenario.nodes.models),
+        nodes=scenario.nodes.count,
+        mode=scenario.nodes.mode,
+        split=scenario.rollout.split,
+        rounds=scenario.rounds,
+        rounds_done=done,
+        complete=done >= scenario.rounds,
+        initial_accuracy=accuracy[0][1],
+        final_accuracy=accuracy[-1][1],
+        accuracy=accuracy,
+        final_honest_reward=rows.rows[-1]["honest_mean_reward"] if rows.rows else None,
+        attack=scenario.adversary.name if scenario.adversary is not None else None,
+        malicious=scenario.nodes.malicious,
+        attacker_share=rows.attacker_share() if scenario.nodes.malicious else None,
+        fair_share=scenario.nodes.malicious / scenario.nodes.count,
+        asr_metric=evaluator.detector.metric if evaluator.detector is not None else None,
+        asr=asr,
+        final_asr=asr[-1][1] if asr else None,
+        honest_final_accuracy=accuracy[-1][1],
+        mean_length=[(float(r), e.mean_length) for r, e in evals],
+        final_mean_length=evals[-1][1].mean_length,
+        attack_stats=attacks,
+        defense=DefenseSummary(**meter.summary(scenario.defense.chain, models)) if meter is not None else None,
+        wire=wire,
+        wall_seconds=wall_seconds,
+        engine=engine_info,
+        training_reward_seconds=sum(r["reward_seconds"] for r in rows.rows),  # every node's scoring, summed
+        scenario_config=scenario.model_dump(mode="json"),
+    )
+
+
+def _plots(scenario: Scenario, tallies: _Tallies, out: Path) -> None:
+    evals = tallies.evaluator.points
     accuracy = [(r, e.accuracy) for r, e in evals]
     asr = [[r, e.asr] for r, e in evals if e.asr is not None]
-    metric = evaluator.detector.metric if evaluator.detector is not None else None
-    summary: dict[str, Any] = {
-        "scenario": scenario.name,
-        "task": scenario.task.name,
-        "model": scenario.model.name if scenario.nodes.mode == "homogeneous" else list(scenario.nodes.models),
-        "nodes": scenario.nodes.count,
-        "mode": scenario.nodes.mode,
-        "split": scenario.rollout.split,
-        "rounds": scenario.rounds,
-        "initial_accuracy": accuracy[0][1],
-        "final_accuracy": accuracy[-1][1],
-        "accuracy": [list(a) for a in accuracy],
-        "final_honest_reward": rows.rows[-1]["honest_mean_reward"] if rows.rows else None,
-        "attack": scenario.adversary.name if scenario.adversary is not None else None,
-        "malicious": scenario.nodes.malicious,
-        "attacker_share": rows.attacker_share() if scenario.nodes.malicious else None,
-        "fair_share": scenario.nodes.malicious / scenario.nodes.count,
-        "asr_metric": metric,
-        "asr": asr,
-        "final_asr": asr[-1][1] if asr else None,
-        "honest_final_accuracy": accuracy[-1][1],
-        "mean_length": [[r, e.mean_length] for r, e in evals],
-        "final_mean_length": evals[-1][1].mean_length,
-        "attack_stats": attacks,
-        "defense": defense_summary,
-        "wire": wire,
-        "wall_seconds": time.perf_counter() - t0,
-        "engine": engine_info,
-        "training_reward_seconds": sum(r["reward_seconds"] for r in rows.rows),  # every node's scoring, summed
-        "scenario_config": scenario.model_dump(mode="json"),
-    }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     title = f"{scenario.name}: {scenario.task.name}"
-    plot_curves(rows.rows, accuracy, out_dir / "curves.png", title=title)
+    plot_curves(tallies.rows.rows, accuracy, out / "curves.png", title=title)
     if asr:
-        plot_asr(asr, accuracy, out_dir / "asr.png", metric=metric or "asr", title=title)
-    return summary
+        metric = tallies.evaluator.detector.metric if tallies.evaluator.detector is not None else None
+        plot_asr(asr, accuracy, out / "asr.png", metric=metric or "asr", title=title)

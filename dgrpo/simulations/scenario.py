@@ -100,6 +100,14 @@ class Scenario(RunConfig):
             "(on a busy 2-core machine, 2 threads made generation ~50x slower through OpenMP contention)",
         ),
     ] = 1
+    checkpoint_every: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="save the whole simulation every k rounds (and when stopped), so that `dgrpo simulate "
+            "--resume` continues it; 0: never (an interrupted run then cannot be continued)",
+        ),
+    ] = 1
     nodes: NodesConfig = NodesConfig()
     engine: EngineConfig = EngineConfig()
     round: RoundsConfig = RoundsConfig()
