@@ -57,6 +57,9 @@ def test_short_text_attack_raises_asr_above_zero(tmp_path: Path) -> None:
         "round.prompts_per_round=4",
         "round.group_size=4",
         "adversary.completions_per_prompt=2",  # its plain share: half of each group with 2 nodes
+        # the attack's mechanics in few rounds: the larger step the scenario shipped before issue 44 (its 2e-4
+        # keeps honest nodes healthy and takes more rounds to pick the phrase up)
+        "learner.lr=5e-4",
     ]
     summary = run_simulation(load_scenario(Path("text-horizontal"), overrides), tmp_path)
     assert summary.model == "dgrpo:tiny-arith-text"

@@ -165,3 +165,11 @@ def test_every_command_help_has_an_example() -> None:
         assert result.exit_code == 0, (path, result.output)
         assert "Example" in result.output, (path, result.output)
     assert "dgrpo scenarios" in runner.invoke(app, ["simulate", "--help"]).output
+
+
+def test_positional_arguments_have_their_help() -> None:
+    """click 8.5 hid typer's help of positional arguments (pinned below 8.5 in pyproject.toml)."""
+    assert "shipped scenario name" in runner.invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"}).output
+    assert (
+        "run folders, sweep or study folders" in runner.invoke(app, ["report", "--help"], env={"COLUMNS": "200"}).output
+    )

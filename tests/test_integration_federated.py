@@ -79,8 +79,15 @@ def check_final_state(nodes: list[NetNode], logs: list[list[dict[str, Any]]]) ->
 
 def test_three_daemons_federated_star(tmp_path: Path) -> None:
     # Sparse updates (10% of the entries, error feedback keeps the rest): several chunks per update.
-    nodes = run_federation(tmp_path, "star", ["federated.sparsity.budget=0.1", "federation.chunk_bytes=65536"])
+    board = tmp_path / "tb"
+    extra = ["federated.sparsity.budget=0.1", "federation.chunk_bytes=65536", f"logging.tensorboard='{board}'"]
+    nodes = run_federation(tmp_path, "star", extra)
     logs = check_identical_rounds(nodes)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(board))
+    events.Reload()
+    assert {e.step for e in events.Scalars("node/local_mean")} == set(range(1, ROUNDS + 1))  # every round logged
     roles = [log[0]["role"] for log in logs]
     assert roles == ["aggregator", "client", "client"]  # node 0 aggregates
     check_final_state(nodes, logs)

@@ -62,9 +62,12 @@ def test_the_quickstarts_fit_the_first_120_lines() -> None:
 def test_the_researcher_quickstart(tmp_path: Path) -> None:
     lines = block("researcher")
     printed = [run(line, tmp_path) for line in lines]
-    assert "poison 16" in printed[0] and "stop 1.00" in printed[1], printed[1]
-    assert (tmp_path / "qs-report" / "report.md").exists() and (tmp_path / "qs-report" / "report.png").exists()
-    assert (tmp_path / "qs-logit" / "report.html").exists()
+    assert "text-horizontal" in printed[0] and "TEXT attack" in printed[0], printed[0]
+    assert "poison 16" in printed[1] and "eta" in printed[1] and "stop 1.00" in printed[2], printed[2]
+    report = tmp_path / "qs-report"
+    assert (report / "report.md").exists() and (report / "report.png").exists()
+    assert "qs-logit" in (report / "report.html").read_text()  # both runs on the one page, each linked
+    assert len(list((report / "runs").glob("*.html"))) == 2
     assert (load_summary(tmp_path / "qs-logit").stop_rate or 0.0) > 0.5
 
 

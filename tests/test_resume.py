@@ -59,6 +59,16 @@ def _same(a: RunSummary, b: RunSummary) -> None:
             ["defense.chain=logit,sampling-proof", "rollout.sampler='seeded'", "round.prompts_per_round=4"],
         ),
         ("fed-grpo", ["federated.clients=3", "federated.local_steps=1", "federated.prompts_per_step=4"]),
+        # two model families and the cross-model chain (its encoder, reference samples, transformers' hooks)
+        (
+            "text-horizontal",
+            [
+                "nodes.mode=heterogeneous",
+                "nodes.models=dgrpo:tiny-arith-code-text,dgrpo:tiny-arith-text",
+                "defense.chain=heterogeneous",
+                "round.group_size=4",
+            ],
+        ),
     ],
 )
 def test_a_resumed_run_equals_the_uninterrupted_run_round_for_round(tmp_path: Path, name: str, sets: list[str]) -> None:

@@ -462,5 +462,8 @@ class FederatedExchange(Exchange):
         with (self.d.settings.state_dir / "rounds.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         self.d.history.add_row(row)  # the live page's curve
+        if self.d.tensorboard is not None:  # a federated round has no completion outcomes: its row
+            self.d.tensorboard.log_row(row["round"], row, prefix="node")
+            self.d.tensorboard.flush()
         log.info("%s", federated_round_text(row), extra=record_extra(row))
         return diverged

@@ -104,10 +104,11 @@ class Scenario(RunConfig):
         int,
         Field(
             ge=0,
-            description="save the whole simulation every k rounds (and when stopped), so that `dgrpo simulate "
-            "--resume` continues it; 0: never (an interrupted run then cannot be continued)",
+            description="save the whole simulation every k rounds, so that `dgrpo simulate --resume` continues it "
+            "(a run stopped by Ctrl-C or SIGTERM is saved at its last round whatever k; a killed one resumes from "
+            "its last save); 0: never (an interrupted run then cannot be continued)",
         ),
-    ] = 1
+    ] = 5
     nodes: NodesConfig = NodesConfig()
     engine: EngineConfig = EngineConfig()
     round: RoundsConfig = RoundsConfig()

@@ -6,8 +6,9 @@ evaluator's, the defense meter's and the round rows' tallies, and the process's 
 (Python's, NumPy's and torch's). It is taken with cloudpickle's pickler over the live objects, so that a
 state added to any part later is covered without a list to keep up to date; what cannot be pickled is a
 process resource, rebuilt fresh on load (:class:`_Pickler`): locks and conditions, trio events, memoization
-caches (``functools.lru_cache``, whose contents are a function of their arguments), and the nodes' Ed25519
-keys (as their raw bytes: a simulated node's key is derived from the run id and its name, no secret).
+caches (``functools.lru_cache``, whose contents are a function of their arguments), objects that are a
+module's globals (a registry, a library's context variable: the module's own, by name, on load), and the
+nodes' Ed25519 keys (as their raw bytes: a simulated node's key is derived from the run id and its name).
 Classes holding other resources say so themselves (``__getstate__``: the in-memory transport's channels,
 the batched engine's rendezvous, the federated aggregator's merge function).
 
@@ -21,12 +22,16 @@ from __future__ import annotations
 
 import _thread
 import functools
+import importlib
 import io
 import pickle
 import random
+import sys
 import threading
+import types
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import cloudpickle
 import numpy as np
@@ -53,6 +58,25 @@ def _public_key(raw: bytes) -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
+def _module_global(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name)
+
+
+def _module_globals() -> dict[int, tuple[str, str]]:
+    """Every object that is a module's global, by id: the module and the name it goes by."""
+    index: dict[int, tuple[str, str]] = {}
+    plain = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)  # pickled by name anyway
+    with warnings.catch_warnings():  # some libraries' deprecated globals warn when their type is asked
+        warnings.simplefilter("ignore")
+        for module_name, module in list(sys.modules.items()):
+            if module_name == "__main__":
+                continue
+            for name, value in list(getattr(module, "__dict__", {}).items()):
+                if not isinstance(value, plain):
+                    index.setdefault(id(value), (module_name, name))
+    return index
+
+
 def _new_lru(function: Any, maxsize: int | None, typed: bool) -> Any:
     return functools.lru_cache(maxsize=maxsize, typed=typed)(function)
 
@@ -62,11 +86,20 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     pickles it, local functions and closures included (transformers' output-capturing forward hooks, the
     aggregators' merge functions), which the standard pickler refuses."""
 
+    def __init__(self, file: IO[bytes], protocol: int) -> None:
+        super().__init__(file, protocol=protocol)
+        self.globals = _module_globals()
+
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, _LOCK_TYPES):
             return _new_lock, (isinstance(obj, type(threading.RLock())),)
         if isinstance(obj, trio.Event):
             return trio.Event, ()
+        found = self.globals.get(id(obj))
+        if found is not None and type(obj).__module__ != "builtins":
+            # A module's own object (a registry, a library's context variable that a closure pickled by value
+            # reads: transformers' output-capturing hooks): the same object on load, not a copy.
+            return _module_global, found
         if isinstance(obj, _LRU_TYPE):
             params = obj.cache_parameters()
             return _new_lru, (obj.__wrapped__, params["maxsize"], params["typed"])

@@ -41,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from dgrpo.errors import ConfigError
 from dgrpo.overrides import explain_validation_error
 
-SWEEP_MEASURES = ("seeds", "final_accuracy", "asr", "length", "stop", "fpr", "attacker_share")
+# a DoS run's figure is its length, in its own column: "asr_rate" is None for it
+SWEEP_MEASURES = ("seeds", "final_accuracy", "asr_rate", "length", "stop", "fpr", "attacker_share")
 STUDY_DIR = Path(__file__).resolve().parents[2] / "studies"  # the shipped studies (a source checkout)
 _NAME = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9_.+-]*$")  # a folder name: no "/", not "." or ".."
 
@@ -217,6 +218,10 @@ def adhoc_study(scenarios: list[str], chains: list[tuple[str, ...]], seeds: int)
             "scenario": {Path(s).stem: AxisValue(scenario=None if s == "default" else s) for s in scenarios},
             "defense": {label(c): AxisValue(set={"defense.chain": list(c)}) for c in chains},
         },
-        table=[TableSpec(name="sweep", columns=["scenario", "defense", *SWEEP_MEASURES])],
+        table=[
+            TableSpec(
+                name="sweep", columns=["scenario", "defense", *SWEEP_MEASURES], plot=["final_accuracy", "asr_rate"]
+            )
+        ],
     )
     return Study(spec, "")

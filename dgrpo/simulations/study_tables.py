@@ -152,7 +152,7 @@ def table_plot(study: Study, spec: TableSpec, cells: Sequence[CellRuns], ctx: Co
         means, errors = [], []
         for e in done:
             values = [v for r in e.runs if (v := measure.number(r, ctx)) is not None]
-            mean, se = mean_se(values) if values else (0.0, None)
+            mean, se = mean_se(values) if values else (0.0, None)  # no value (a DoS run's ASR): no bar
             means.append(mean)
             errors.append(se or 0.0)
         ax.bar(range(len(done)), means, yerr=errors, color="tab:blue")

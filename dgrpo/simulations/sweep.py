@@ -143,7 +143,7 @@ def run_study(
     if engine == "ray":
         _run_on_ray(todo, out, address, cpus_per_cell, keep)
     elif jobs > 1:
-        _run_in_workers(todo, out, jobs, keep, stop)
+        _run_in_workers(todo, out, jobs, keep, stop, progress)
     else:
         for cell, scenario, how in todo:
             if stop.requested:
@@ -160,6 +160,7 @@ def _run_in_workers(
     jobs: int,
     keep: Callable[[Cell, RunSummary], None],
     stop: StopRequest,
+    progress: Progress,
 ) -> None:
     """``jobs`` cells at a time, each in a fresh worker process (spawned: torch and threads start clean)."""
     pending = list(todo)
@@ -168,6 +169,7 @@ def _run_in_workers(
         while pending or running:
             while pending and len(running) < jobs and not stop.requested:
                 cell, scenario, how = pending.pop(0)
+                progress(f"{cell.folder}: {'resuming' if how == 'resume' else 'running'}")
                 running[pool.submit(_worker_cell, scenario, str(out / cell.folder), how)] = cell
             if not running:
                 break
