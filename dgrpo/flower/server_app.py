@@ -24,8 +24,7 @@ from dgrpo.flower.config import scenario_of
 from dgrpo.flower.records import weights_of, weights_record
 from dgrpo.flower.strategy import FedGRPO
 from dgrpo.learner.learner import Learner
-from dgrpo.simulations.federated import accuracy, federated_summary
-from dgrpo.simulations.summary import SUMMARY_FORMAT, FederatedSummary, RunSummary
+from dgrpo.simulations.federated import accuracy, federated_run_summary, federated_summary
 from dgrpo.tasks import get_task
 
 app = ServerApp()
@@ -77,22 +76,12 @@ def main(grid: Grid, context: Context) -> None:
     )  # fmt: skip
     final = weights_of(result.arrays) if len(result.arrays) else initial
     wall = time.perf_counter() - t0
-    summary = RunSummary(
-        format=SUMMARY_FORMAT,
-        scenario=scenario.name,
-        task=scenario.task.name,
-        model=scenario.model.name,
-        mode="federated",
+    summary = federated_run_summary(
+        scenario,
+        points,
+        federated_summary(fed, strategy.size, rows, points, final, fed.attack is not None),
+        scenario.rounds,  # start() returns after every round (one no client answered has no row)
         engine="flower",
-        rounds=scenario.rounds,
-        rounds_done=scenario.rounds,  # start() returns after every round (one no client answered has no row)
-        complete=True,
-        initial_accuracy=points[0][1],
-        final_accuracy=points[-1][1],
-        accuracy=[(float(r), float(a)) for r, a in points],
-        federated=FederatedSummary.model_validate(
-            federated_summary(fed, strategy.size, rows, points, final, fed.attack is not None)
-        ),
         flower={
             "round_seconds": [r["seconds"] for r in rows],  # configure_train to aggregate_train, clients included
             "rejected": [{"node": n, "reason": why, "count": c} for (n, why), c in strategy.rejected.items()],
@@ -100,7 +89,6 @@ def main(grid: Grid, context: Context) -> None:
             "client_signal": [r["client_signal"] for r in rows],
         },
         wall_seconds=wall,
-        scenario_config=scenario.model_dump(mode="json"),
     )
     if out is not None:
         summary.write(out)

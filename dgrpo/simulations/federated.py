@@ -217,6 +217,32 @@ def federated_summary(
     }
 
 
+def federated_run_summary(
+    scenario: Scenario,
+    points: list[list[float]],
+    fed_summary: dict[str, Any],
+    rounds_done: int,
+    **extra: Any,
+) -> RunSummary:
+    """A federated run's summary, here or on Flower (``extra``: ``wall_seconds``, ``engine``, ``flower``)."""
+    return RunSummary(
+        format=SUMMARY_FORMAT,
+        scenario=scenario.name,
+        task=scenario.task.name,
+        model=scenario.model.name,
+        mode="federated",
+        rounds=scenario.rounds,
+        rounds_done=rounds_done,
+        complete=rounds_done >= scenario.rounds,
+        initial_accuracy=points[0][1],
+        final_accuracy=points[-1][1],
+        accuracy=[(float(r), float(a)) for r, a in points],
+        federated=FederatedSummary.model_validate(fed_summary),
+        scenario_config=scenario.model_dump(mode="json"),
+        **extra,
+    )
+
+
 def run_federated(
     scenario: Scenario,
     folder: RunFolder,
@@ -271,21 +297,8 @@ def run_federated(
         board.close()
     weights = run.global_weights if run.fed.method == "federated" else None
     fed_summary = federated_summary(run.fed, run.size, rows, points, weights, bool(run.attackers))
-    summary = RunSummary(
-        format=SUMMARY_FORMAT,
-        scenario=scenario.name,
-        task=scenario.task.name,
-        model=scenario.model.name,
-        mode="federated",
-        rounds=scenario.rounds,
-        rounds_done=done,
-        complete=done >= scenario.rounds,
-        initial_accuracy=points[0][1],
-        final_accuracy=points[-1][1],
-        accuracy=[(float(r), float(a)) for r, a in points],
-        federated=FederatedSummary.model_validate(fed_summary),
-        wall_seconds=wall_before + time.perf_counter() - t0,
-        scenario_config=scenario.model_dump(mode="json"),
+    summary = federated_run_summary(
+        scenario, points, fed_summary, done, wall_seconds=wall_before + time.perf_counter() - t0
     )
     summary.write(folder.path)
     if summary.complete:
